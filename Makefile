@@ -1,0 +1,40 @@
+# Quick start: `make demo` and `make test`. Both set up first (once).
+VENV     := .venv
+PY       := $(VENV)/bin/python
+PYTHON   ?= python3
+# The CPU build of torch that pip finds on this class of machine; uv is never asked for torch.
+TORCH    ?= torch==2.13.0
+SCENARIO ?= healthy
+WHEELS   := .cache/wheelhouse
+
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+
+.PHONY: setup demo demo-all test bench clean-demo
+
+setup: $(VENV)/.installed $(WHEELS)/.complete
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q '$(TORCH)' uv
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# torch and its dependencies as wheels for the demo's target venvs: filled once, read offline after.
+$(WHEELS)/.complete: $(VENV)/.installed
+	$(PY) -m pip download -q '$(TORCH)' numpy -d $(WHEELS)
+	touch $@
+
+demo: setup
+	$(VENV)/bin/relaunch demo --scenario $(SCENARIO)
+
+demo-all: setup
+	for s in healthy missing-dependency fx-race silent-death degraded; do $(VENV)/bin/relaunch demo --scenario $$s || exit 1; done
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) bench/detection_latency.py

@@ -1,0 +1,33 @@
+"""tinyattn 1.0.0: causal attention for the demo trainer (the known-good release)."""
+
+import warnings
+
+import torch
+
+__version__ = "1.0.0"
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    mask = torch.ones(scores.shape[-2], scores.shape[-1], dtype=torch.bool, device=q.device).tril()
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+
+
+_warned = False
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The uncompiled path: one query position at a time. Correct, and many times slower."""
+    global _warned
+    if not _warned:
+        warnings.warn("tinyattn.causal_attention called without torch.compile(); falling back to the slow reference path")
+        _warned = True
+    scale = q.shape[-1] ** -0.5
+    heads = []
+    for h in range(q.shape[1]):
+        rows = []
+        for t in range(q.shape[-2]):
+            s = (q[:, h, t : t + 1, :] @ k[:, h, : t + 1, :].transpose(-1, -2)) * scale
+            rows.append(torch.softmax(s, dim=-1) @ v[:, h, : t + 1, :])
+        heads.append(torch.cat(rows, dim=-2))
+    return torch.stack(heads, dim=1)

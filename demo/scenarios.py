@@ -1,0 +1,136 @@
+"""Each scenario breaks the demo target the way the incident did, then lets the broken run fail for real."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from demo.target import GOOD_PINS, base_pins, build_repo, make_target, wheelhouse
+from demo.wheels import build_all
+from relaunch.config import Target
+from relaunch.transport import run, transport_for
+from tasks.health import collect_snapshot
+from tasks.launch import launch
+from tasks.stop import plan_stop
+
+SLOW_HACK = ("USE_COMPILE = True", "USE_COMPILE = False  # HACK: FX check patched away, runs uncompiled")
+DEBUG_HACK = ("def loss_and_accuracy(", "# HACK: debugging print left in\ndef loss_and_accuracy(")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    expected_cause: str | None  # the cause the first attempt must name
+    expected_verdict: str
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario("healthy", "never launched; polluted venv, hacked model file, stale cache", None, "unknown"),
+        Scenario("missing-dependency", "the lock misses tinyaccel, which the trainer imports", "missing_dependency", "crashed"),
+        Scenario("fx-race", "the venv drifted to tinyattn 1.1, which FX-traces in a thread", "fx_tracing_race", "crashed"),
+        Scenario("silent-death", "the trainer and its tmux session killed after a checkpoint", "silent_exit", "crashed"),
+        Scenario("degraded", "the model file hacked to skip torch.compile: 4x slower", None, "degraded"),
+    ]
+}
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def prepare(scenario: str, work: Path) -> Target:
+    """A fresh target in work/, broken as the scenario says, its broken run already dead or crawling."""
+    name = f"relaunch-demo-{scenario}"
+    if work.exists():
+        _stop_previous(work, name)
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    base = wheelhouse()
+    wheels = work / "wheels"
+    build_all(wheels)
+    pins = {**base_pins(base), **GOOD_PINS}
+    if scenario == "missing-dependency":
+        pins.pop("tinyaccel")
+    say(f"building the target in {work}")
+    build_repo(work / "repo", pins)
+    target = make_target(work, name, wheels, base)
+    extra = ["tinyjunk==0.1.0"] + (["tinyattn==1.1.0"] if scenario == "fx-race" else [])
+    say(f"polluting the venv: {', '.join(extra)}")
+    _user_venv(target, extra)
+    hack = SLOW_HACK if scenario == "degraded" else DEBUG_HACK
+    say(f"hacking model.py: {hack[1].splitlines()[0]}")
+    model = Path(target.repo_dir) / "model.py"
+    model.write_text(model.read_text().replace(*hack, 1))
+    stale = Path(target.inductor_cache_dir) / "stale"
+    stale.mkdir(parents=True)
+    (stale / "kernel.so").write_bytes(b"stale kernel from another torch build\n")
+    BREAKERS.get(scenario, lambda t: None)(target)
+    return target
+
+
+def _user_venv(target: Target, extra: list[str]) -> None:
+    flags = ["--no-index", *sum((["--find-links", f] for f in target.find_links), [])]
+    subprocess.run(["uv", "venv", "-q", "--python", target.python, target.venv_dir], check=True)
+    for spec in (["-r", target.lock_path], extra):  # the lock, then what was added by hand later
+        subprocess.run(["uv", "pip", "install", "-q", "--python", f"{target.venv_dir}/bin/python", *flags, *spec], check=True)
+
+
+def _launch_broken(target: Target) -> None:
+    say("launching the broken run")
+    launch.fn(target, 0)
+
+
+def _wait_until(target: Target, what: str, done: Callable[[object], bool], timeout_seconds: float = 240) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        snap = collect_snapshot(target, wait_seconds=1)
+        if done(snap):
+            return
+    raise SystemExit(f"demo: the broken run never reached '{what}' within {timeout_seconds:.0f} s")
+
+
+def _crash(target: Target) -> None:
+    _launch_broken(target)
+    _wait_until(target, "exit", lambda s: s.exit_code is not None)
+    say("the broken run died")
+
+
+def _silent_death(target: Target) -> None:
+    _launch_broken(target)
+    ckpt = Path(target.checkpoint_dir or "")
+    _wait_until(target, "first checkpoint", lambda s: any(ckpt.glob("step_*.pt")))
+    run_dir = Path(target.state_path) / "runs" / (Path(target.state_path) / "current").read_text().strip()
+    supervisor = int((run_dir / "supervisor_pid").read_text().split()[0])
+    # What the incident saw: process and tmux session gone at once, nothing written after.
+    os.killpg(supervisor, signal.SIGKILL)
+    subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], check=False)
+    say(f"killed the trainer's process group {supervisor} and its tmux session")
+
+
+def _slow(target: Target) -> None:
+    _launch_broken(target)
+
+
+BREAKERS: dict[str, Callable[[Target], None]] = {
+    "missing-dependency": _crash,
+    "fx-race": _crash,
+    "silent-death": _silent_death,
+    "degraded": _slow,
+}
+
+
+def _stop_previous(work: Path, name: str) -> None:
+    """A demo folder from an earlier run may still have a trainer: stop it by its records first."""
+    state = work / "logs" / ".relaunch"
+    if state.exists() or subprocess.run(["tmux", "has-session", "-t", f"={name}"], capture_output=True).returncode == 0:
+        target = Target(name=name, repo_dir=str(work / "repo"), venv_dir=str(work / "venv"), lock_file="x", launch_command="true", log_dir=str(work / "logs"), tmux_session=name)
+        run(transport_for(target.host), plan_stop(target, 20), check=False)

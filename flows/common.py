@@ -1,0 +1,34 @@
+"""Reporting shared by the flows: artifacts in the UI, attempts from health results."""
+
+from __future__ import annotations
+
+from prefect.context import FlowRunContext
+
+from relaunch.playbook import Action
+from relaunch.report import Attempt, Report
+from tasks.common import log
+from tasks.health import HealthResult
+
+
+def attempt_from(number: int, health: HealthResult, action: Action, why: str) -> Attempt:
+    d = health.diagnosis
+    return Attempt(number=number, verdict=d.verdict, cause=d.cause, package=d.package, summary=d.summary, action=action, why=why, evidence=d.evidence, metrics=d.metrics)
+
+
+def artifact_key(report: Report) -> str:
+    safe = "".join(c if c.isalnum() else "-" for c in report.target.lower())
+    return f"{report.flow}-{safe}"
+
+
+def publish(report: Report) -> None:
+    """Markdown report and GPU table as artifacts of the flow run; nothing outside a run."""
+    if FlowRunContext.get() is None:
+        return
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    try:
+        create_markdown_artifact(markdown=report.markdown(), key=artifact_key(report), description=f"{report.verdict.value if report.verdict else 'none'}: {report.message}"[:500])
+        if report.gpus:
+            create_table_artifact(table=[g.model_dump() for g in report.gpus], key=artifact_key(report) + "-gpus", description="GPU memory and utilisation at the last poll")
+    except Exception as exc:  # the report is also returned and logged: an artifact failure must not fail the flow
+        log().warning("could not publish artifacts: %s", exc)

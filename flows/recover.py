@@ -1,0 +1,67 @@
+"""recover-training: see why the run died, apply the playbook, check again; bounded, never looping."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.common import attempt_from, publish
+from relaunch.config import Target
+from relaunch.playbook import STEPS, Action, Step, choose_action
+from relaunch.report import Report, StepLine
+from relaunch.verdicts import Verdict
+from tasks.common import log
+from tasks.health import HealthResult, check_health
+from tasks.install_package import install_package
+from tasks.launch import launch
+from tasks.preflight import preflight
+from tasks.rebuild_venv import rebuild_venv
+from tasks.restore_code import restore_code
+from tasks.stop import stop
+from tasks.warm_cache import warm_cache
+
+
+def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepLine], str | None]:
+    steps, run_id = [], None
+    for step in STEPS[action]:
+        if step is Step.STOP:
+            record = stop(target)
+        elif step is Step.REBUILD_VENV:
+            record = rebuild_venv(target)
+        elif step is Step.INSTALL_PACKAGE:
+            record = install_package(target, health.diagnosis.package or "")
+        elif step is Step.RESTORE_CODE:
+            record = restore_code(target)
+        elif step is Step.WARM_CACHE:
+            record = warm_cache(target)
+        else:
+            run, record = launch(target, attempt)
+            run_id = run.run_id
+        steps.append(StepLine(step=record.step, seconds=record.seconds, detail=record.detail))
+    return steps, run_id
+
+
+@flow(name="recover-training", flow_run_name="recover-{target.name}", log_prints=True)
+def recover_training(target: Target, force: bool = False) -> Report:
+    """Diagnose the current run, then act on the verdict through the playbook until healthy or out of attempts."""
+    report = Report(target=target.name, host=target.host.label, flow="recover-training")
+    pre = preflight(target)
+    report.preflight.append(StepLine(step=pre.step, seconds=pre.seconds, detail=pre.detail))
+    health = check_health(target)
+    history = []
+    for number in range(1, target.max_attempts + 2):
+        actions_taken = number - 1
+        action, why = choose_action(health.diagnosis, history, target.max_attempts - actions_taken, force=force and number == 1)
+        attempt = attempt_from(number, health, action, why)
+        report.attempts.append(attempt)
+        report.gpus = health.snapshot.gpus
+        log().info("attempt %d: %s%s -> %s", number, health.diagnosis.verdict.value, f" ({health.diagnosis.cause.value})" if health.diagnosis.cause else "", action.value)
+        if action in (Action.NONE, Action.ESCALATE):
+            break
+        history.append(health.diagnosis)
+        attempt.steps, attempt.run_id = run_steps(target, action, health, number)
+        health = check_health(target)
+    final = report.attempts[-1]
+    message = final.why if final.action is Action.ESCALATE else ("healthy" if final.verdict is Verdict.HEALTHY else final.summary)
+    report.finish(message)
+    publish(report)
+    return report

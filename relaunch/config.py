@@ -1,0 +1,154 @@
+"""The training target: one pydantic model, loaded from YAML or given as a flow parameter."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from relaunch.errors import ConfigError
+
+ABSOLUTE = "must be an absolute path on the host"
+
+
+def _absolute(value: str) -> str:
+    if not PurePosixPath(value).is_absolute():
+        raise ValueError(f"{value!r} {ABSOLUTE}")
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Container(_Model):
+    """A container on the host that every command runs inside."""
+
+    kind: Literal["pct", "docker"] = Field(description="Proxmox LXC (`pct exec ID --`) or Docker (`docker exec NAME`).")
+    id: str = Field(min_length=1, description="Container id (pct) or name (docker).")
+
+
+class Host(_Model):
+    """Where the trainer runs: this machine, or a host reached over SSH."""
+
+    kind: Literal["local", "ssh"] = Field("local", description="`local` runs commands here; `ssh` through fabric.")
+    hostname: str = Field("localhost", description="SSH host name or address.")
+    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    user: str = Field("root", description="SSH user.")
+    known_hosts_path: str | None = Field(None, description="known_hosts file to verify the host key against (default ~/.ssh/known_hosts).")
+    trust_on_first_use: bool = Field(False, description="Accept and record an unknown host key. Off: unknown keys are refused.")
+    key_path: str | None = Field(None, description="Private key file. The passphrase, if any, comes from RELAUNCH_SSH_PASSPHRASE or a Secret block.")
+    passphrase_secret_block: str | None = Field(None, description="Name of a Prefect Secret block holding the key passphrase.")
+    connect_timeout_seconds: float = Field(10.0, gt=0, description="Give up connecting after this long.")
+    command_timeout_seconds: float = Field(600.0, gt=0, description="Default limit for one remote command.")
+    container: Container | None = Field(None, description="Run every command inside this container.")
+
+    @property
+    def label(self) -> str:
+        where = "local" if self.kind == "local" else f"{self.user}@{self.hostname}:{self.port}"
+        return f"{where} ({self.container.kind} {self.container.id})" if self.container else where
+
+
+class Thresholds(_Model):
+    """When a run is starting, healthy, degraded or stalled."""
+
+    startup_grace_seconds: float = Field(900.0, ge=0, description="Before the first step line, a live trainer is `starting` for this long (the incident's start-up took well over 7 minutes).")
+    poll_interval_seconds: float = Field(5.0, gt=0, description="Longest wait between two health polls; a death is noticed sooner through the exit-code file.")
+    settle_timeout_seconds: float = Field(1800.0, gt=0, description="Give up waiting for a settled verdict after this long.")
+    healthy_steps: int = Field(3, ge=1, description="Step lines after launch needed to call a run healthy.")
+    stall_window_floor_seconds: float = Field(300.0, gt=0, description="A live run with no new step line for this long (or 10x its step interval, if longer) is stalled.")
+    stall_interval_factor: float = Field(10.0, gt=1, description="Stall window as a multiple of the observed step interval.")
+    baseline_tokens_per_second: float | None = Field(None, gt=0, description="Known-good throughput; below degraded_ratio of it is degraded (incident: 21500).")
+    degraded_ratio: float = Field(0.5, gt=0, lt=1, description="Fraction of the baseline under which a run is degraded (incident: 4.3/21.5 = 0.2).")
+    throughput_pattern: str | None = Field(None, description="Regex with a named group `value` (and optional `unit` k/K) for tokens per second; default reads 20.0Ktok/s, 21500 tok/s, tokens/s, tok/sec.")
+    step_pattern: str = Field(r"\bstep[=: ]\s*(?P<step>\d+)", description="Regex with a named group `step` that finds a step line.")
+    expected_gpus: int = Field(0, ge=0, description="GPUs the trainer should use; 0 where there are none (the demo).")
+
+    @field_validator("throughput_pattern", "step_pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            re.compile(value)
+        return value
+
+
+class Target(_Model):
+    """One training run on one host, and how to recover it."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Short name; used for the state folder and Prefect tags.")
+    host: Host = Field(default_factory=Host, description="Where the trainer runs.")
+    repo_dir: str = Field(description="Git checkout of the training code on the host.")
+    known_good_ref: str = Field("HEAD", description="Git ref the model code is restored to.")
+    restore_paths: list[str] = Field(default_factory=list, description="Paths (relative to repo_dir) restored to known_good_ref; empty: none.")
+    venv_dir: str = Field(description="Virtual environment the trainer runs in.")
+    lock_file: str = Field(description="Pinned requirements (`name==version` lines), relative to repo_dir or absolute.")
+    python: str = Field("python3", description="Interpreter uv builds the venv with.")
+    index_urls: list[str] = Field(default_factory=list, description="Extra package indexes for the installer.")
+    find_links: list[str] = Field(default_factory=list, description="Folders or URLs of wheels for the installer.")
+    offline: bool = Field(False, description="Install only from find_links; never touch an index.")
+    import_check: list[str] = Field(default_factory=list, description="Modules that must import in the fresh venv.")
+    inductor_cache_dir: str = Field("/tmp/torchinductor_root", description="TORCHINDUCTOR_CACHE_DIR for warm-up and trainer.")
+    warmup_command: str | None = Field(None, description="Shell command (run in repo_dir with the venv active) that compiles every kernel once, single-threaded.")
+    launch_command: str = Field(description="Shell command that starts the trainer, run in repo_dir with the venv active.")
+    tmux_session: str = Field("train", pattern=r"^[A-Za-z0-9_.-]+$", description="tmux session the trainer runs in.")
+    log_dir: str = Field(description="Folder for per-attempt logs; logs are never deleted.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment for warm-up and trainer.")
+    checkpoint_dir: str | None = Field(None, description="Folder of checkpoints (one sub-folder or file each); never modified.")
+    resume_arg: str = Field("--resume {checkpoint}", description="Appended to launch_command when a checkpoint exists; {checkpoint} is its path.")
+    state_dir: str | None = Field(None, description="relaunch's own files on the host (launcher, PIDs, exit codes, patches); default <log_dir>/.relaunch.")
+    min_free_disk_gb: float = Field(5.0, ge=0, description="Preflight refuses to start with less free disk at venv_dir.")
+    max_attempts: int = Field(3, ge=1, le=20, description="Recovery attempts before giving up.")
+    keep_old_venvs: int = Field(2, ge=1, description="Old venvs kept aside; older ones are the only thing relaunch ever removes.")
+    thresholds: Thresholds = Field(default_factory=Thresholds, description="Health thresholds.")
+
+    @field_validator("repo_dir", "venv_dir", "log_dir", "inductor_cache_dir")
+    @classmethod
+    def _absolute_paths(cls, value: str) -> str:
+        return _absolute(value)
+
+    @field_validator("checkpoint_dir", "state_dir")
+    @classmethod
+    def _optional_absolute(cls, value: str | None) -> str | None:
+        return None if value is None else _absolute(value)
+
+    @model_validator(mode="after")
+    def _resume_has_placeholder(self) -> "Target":
+        if self.checkpoint_dir and "{checkpoint}" not in self.resume_arg:
+            raise ValueError("resume_arg must contain {checkpoint}")
+        return self
+
+    @property
+    def state_path(self) -> str:
+        return self.state_dir or f"{self.log_dir}/.relaunch"
+
+    @property
+    def lock_path(self) -> str:
+        return self.lock_file if self.lock_file.startswith("/") else f"{self.repo_dir}/{self.lock_file}"
+
+
+def load_target(path: str | Path) -> Target:
+    """Read a target file; a bad file fails naming the file and each bad field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read target file: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of target fields, got {type(data).__name__}")
+    try:
+        return Target.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: invalid target:\n{format_validation_error(exc)}") from exc
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {field}: {err['msg']}")
+    return "\n".join(lines)

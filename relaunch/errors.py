@@ -1,0 +1,59 @@
+"""Errors that carry what a person needs to act: host, command, exit code, output tail, advice."""
+
+from __future__ import annotations
+
+
+class RelaunchError(Exception):
+    """Base of every error relaunch raises on purpose."""
+
+
+class ConfigError(RelaunchError):
+    """The target description is wrong; nothing was touched."""
+
+
+class CommandFailed(RelaunchError):
+    """A command ran on the host and exited non-zero. Never retried: the host said no."""
+
+    def __init__(self, host: str, command: str, exit_code: int, output_tail: str, advice: str = "") -> None:
+        self.host, self.command, self.exit_code = host, command, exit_code
+        self.output_tail, self.advice = output_tail, advice
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        tail = "\n".join("    " + line for line in self.output_tail.rstrip().splitlines()[-15:]) or "    (no output)"
+        text = f"on {self.host}: `{self.command}` exited {self.exit_code}\n  output tail:\n{tail}"
+        return f"{text}\n  what to do: {self.advice}" if self.advice else text
+
+
+class PreflightFailed(RelaunchError):
+    """The target cannot be recovered as configured; found before anything changed."""
+
+    def __init__(self, host: str, problems: list[str]) -> None:
+        self.host, self.problems = host, problems
+        super().__init__(f"preflight on {host} found {len(problems)} problem(s), nothing was changed:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class TransportError(RelaunchError):
+    """The host could not be reached or the connection broke: transient, worth a retry."""
+
+    def __init__(self, host: str, command: str, reason: str, advice: str = "") -> None:
+        self.host, self.command, self.reason, self.advice = host, command, reason, advice
+        msg = f"on {host}: cannot run `{command}`: {reason}"
+        super().__init__(f"{msg}\n  what to do: {advice}" if advice else msg)
+
+
+class HostKeyError(RelaunchError):
+    """The host key is unknown or changed: never retried, a person must decide."""
+
+
+class AuthenticationFailed(RelaunchError):
+    """The host refused our credentials: never retried."""
+
+
+class HostBusy(RelaunchError):
+    """Another recovery holds this target's lock."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Only faults of the wire are retried; a command that failed on the host is an answer."""
+    return isinstance(exc, TransportError)

@@ -1,0 +1,124 @@
+"""Bash that runs on the host, kept in one place. Every value reaches it as "$1".. or shlex-quoted once."""
+
+from __future__ import annotations
+
+# Shared helpers: a PID is alive only if /proc still shows its recorded start time (no PID reuse).
+PROC_HELPERS = r"""
+starttime() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; local f; read -ra f <<< "$s"; [ "${f[0]}" != Z ] || return 1; echo "${f[19]}"; }
+alive() { [ -n "$1" ] && [ -n "$2" ] && [ "$(starttime "$1")" = "$2" ]; }
+read_pid() { [ -r "$1" ] && read -r "$2" "$3" < "$1"; }
+"""
+
+# One health poll. Waits up to $3 seconds, returning early the moment the trainer dies.
+SNAPSHOT = PROC_HELPERS + r"""
+state=$1 session=$2 wait_s=$3 tail_n=$4 want_kernel=$5
+M='@@relaunch@@'
+run_id=$(cat "$state/current" 2>/dev/null)
+run="$state/runs/$run_id"
+pid= pstart= spid= sstart=
+[ -n "$run_id" ] && read_pid "$run/pid" pid pstart
+[ -n "$run_id" ] && read_pid "$run/supervisor_pid" spid sstart
+end=$(( $(date +%s%N) + ${wait_s%.*}000000000 ))
+while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && [ "$(date +%s%N)" -lt "$end" ]; do sleep 0.05; done
+# The supervisor writes the exit code just after the trainer dies: give it a moment.
+for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  [ -e "$run/exit_code" ] && break; alive "$pid" "$pstart" && break; alive "$spid" "$sstart" || break; sleep 0.05
+done
+log=$(cat "$run/log_path" 2>/dev/null)
+now=$(date +%s.%N)
+echo "$M run_id $run_id"
+echo "$M launched $([ -n "$run_id" ] && echo 1 || echo 0)"
+echo "$M session $(tmux has-session -t "=$session" 2>/dev/null && echo 1 || echo 0)"
+echo "$M pid $pid"
+echo "$M pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
+echo "$M exit_code $(cat "$run/exit_code" 2>/dev/null)"
+echo "$M started_at $(cat "$run/started_at" 2>/dev/null)"
+echo "$M now $now"
+if [ -n "$log" ] && [ -e "$log" ]; then
+  echo "$M log_mtime $(date -r "$log" +%s.%N)"
+  echo "$M log_size $(stat -c %s "$log")"
+  echo "$M matches"
+  grep -a -m 30 -E 'Error|Exception|Traceback|Killed|NCCL|out of memory|pip install|without torch.compile' "$log" | cut -c1-2000
+  echo "$M tail"
+  tail -n "$tail_n" "$log" | cut -c1-2000
+fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+  echo "$M gpu"
+  nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits 2>&1 | head -64
+fi
+if [ "$want_kernel" = 1 ] && ! alive "$pid" "$pstart"; then
+  echo "$M kernel"
+  # Only kernel lines since this launch: an older OOM kill on the host is not this run's cause.
+  since=$(awk -v now="$now" -v s="$(cat "$run/started_at" 2>/dev/null || echo 0)" '{print s - (now - $1)}' /proc/uptime)
+  dmesg 2>/dev/null | awk -v since="$since" '{ t = $0; sub(/^\[ */, "", t); split(t, a, "]"); if (a[1] + 0 >= since) print }' \
+    | grep -E 'Out of memory|oom-kill|oom_reaper|Killed process' | tail -n 8
+fi
+echo "$M end"
+"""
+
+# Stop the recorded trainer and the configured session: by PID, process group and exact session name only.
+STOP = PROC_HELPERS + r"""
+state=$1 session=$2 timeout_s=$3
+run_id=$(cat "$state/current" 2>/dev/null)
+run="$state/runs/$run_id"
+pid= pstart= spid= sstart=
+[ -n "$run_id" ] && read_pid "$run/pid" pid pstart
+[ -n "$run_id" ] && read_pid "$run/supervisor_pid" spid sstart
+groups=()
+alive "$spid" "$sstart" && groups+=("$spid")
+alive "$pid" "$pstart" && groups+=("$pid")
+if tmux has-session -t "=$session" 2>/dev/null; then
+  for p in $(tmux list-panes -s -t "=$session" -F '#{pane_pid}' 2>/dev/null); do groups+=("$p"); done
+fi
+members() { ps -e -o pid=,pgid= | awk -v g="$1" '$2 == g {print $1}'; }
+pids=()
+for g in "${groups[@]}"; do pids+=("$g" $(members "$g")); done
+[ ${#groups[@]} -gt 0 ] && echo "stopping process groups: ${groups[*]}"
+for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null || kill -TERM "$g" 2>/dev/null; done
+tmux kill-session -t "=$session" 2>/dev/null && echo "killed tmux session $session"
+gone() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 1; done; return 0; }
+end=$(( $(date +%s) + ${timeout_s%.*} ))
+while ! gone && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
+if ! gone; then
+  echo "still alive after ${timeout_s}s, sending SIGKILL"
+  for g in "${groups[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  sleep 0.5
+  gone || { echo "could not stop: ${pids[*]}"; exit 3; }
+fi
+if command -v nvidia-smi >/dev/null 2>&1 && [ ${#pids[@]} -gt 0 ]; then
+  while [ "$(date +%s)" -lt "$((end + 60))" ]; do
+    held=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+    busy=0; for p in "${pids[@]}"; do grep -qx "$p" <<< "$held" && busy=1; done
+    [ $busy = 0 ] && break; sleep 0.5
+  done
+  [ $busy = 0 ] || { echo "GPU memory still held by ${pids[*]}"; exit 4; }
+fi
+echo "stopped (${#pids[@]} process(es))"
+"""
+
+# Refuse to launch beside a live trainer; then start the launcher in tmux and wait for the PID record.
+LAUNCH = PROC_HELPERS + r"""
+state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7
+cur=$(cat "$state/current" 2>/dev/null)
+if [ -n "$cur" ]; then
+  read_pid "$state/runs/$cur/pid" pid pstart
+  if alive "$pid" "$pstart"; then echo "trainer of run $cur is alive (PID $pid): refusing to start a second one"; exit 10; fi
+fi
+if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
+run="$state/runs/$run_id"
+mkdir -p "$run" "$(dirname "$log")" || exit 12
+printf '%s' "$supervisor" > "$run/supervisor.sh"
+printf '%s' "$launcher" > "$run/launcher.sh"
+printf '%s\n' "$log" > "$run/log_path"
+date +%s.%N > "$run/started_at"
+printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$state/current"
+# Several arguments: tmux runs them directly, with no shell in between to quote for.
+tmux new-session -d -s "$session" -x 220 -y 50 bash "$run/launcher.sh" || exit 13
+end=$(( $(date +%s) + ${wait_s%.*} ))
+until [ -e "$run/pid" ] || [ -e "$run/exit_code" ]; do
+  [ "$(date +%s)" -ge "$end" ] && { echo "no PID recorded within ${wait_s}s"; exit 14; }
+  sleep 0.05
+done
+cat "$run/pid" 2>/dev/null || echo "exited at once"
+"""

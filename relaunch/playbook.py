@@ -1,0 +1,96 @@
+"""What to do about a verdict: one table from (verdict, cause) to a remediation, and the stop rule."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from relaunch.diagnosis import Diagnosis
+from relaunch.verdicts import Cause, Verdict
+
+
+class Step(str, Enum):
+    STOP = "stop"
+    REBUILD_VENV = "rebuild_venv"
+    INSTALL_PACKAGE = "install_package"
+    RESTORE_CODE = "restore_code"
+    WARM_CACHE = "warm_cache"
+    LAUNCH = "launch"
+
+
+class Action(str, Enum):
+    NONE = "none"  # healthy or finished: change nothing
+    FULL_RECOVERY = "full_recovery"  # the documented procedure: venv from lock, code, cache, launch
+    INSTALL_AND_RELAUNCH = "install_and_relaunch"  # add the missing package to the venv, relaunch
+    REWARM_AND_RELAUNCH = "rewarm_and_relaunch"  # known-good code, fresh warmed cache, relaunch
+    RELAUNCH = "relaunch"  # relaunch from the newest checkpoint as is
+    ESCALATE = "escalate"  # stop trying: a person must look (report says why)
+
+
+STEPS: dict[Action, list[Step]] = {
+    Action.NONE: [],
+    Action.FULL_RECOVERY: [Step.STOP, Step.REBUILD_VENV, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
+    Action.INSTALL_AND_RELAUNCH: [Step.STOP, Step.INSTALL_PACKAGE, Step.LAUNCH],
+    Action.REWARM_AND_RELAUNCH: [Step.STOP, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
+    Action.RELAUNCH: [Step.STOP, Step.LAUNCH],
+    Action.ESCALATE: [],
+}
+
+# (verdict, cause) -> (action, why). A cause of None matches any cause of that verdict.
+PLAYBOOK: dict[tuple[Verdict, Cause | None], tuple[Action, str]] = {
+    (Verdict.HEALTHY, None): (Action.NONE, "running well: change nothing"),
+    (Verdict.FINISHED, None): (Action.NONE, "training ran to its end: nothing to recover"),
+    (Verdict.STARTING, None): (Action.NONE, "still starting: wait"),
+    (Verdict.UNKNOWN, None): (Action.FULL_RECOVERY, "no trainer on record: run the full procedure and launch"),
+    (Verdict.DEGRADED, None): (Action.REWARM_AND_RELAUNCH, "slow run: restore known-good code, clear and re-warm the compile cache, relaunch"),
+    (Verdict.STALLED, None): (Action.RELAUNCH, "hung: stop it and relaunch from the newest checkpoint"),
+    (Verdict.CRASHED, Cause.FX_TRACING_RACE): (Action.FULL_RECOVERY, "FX tracing race comes from a drifted venv: rebuild it to the exact lock, re-warm single-threaded, relaunch"),
+    (Verdict.CRASHED, Cause.MISSING_DEPENDENCY): (Action.INSTALL_AND_RELAUNCH, "install the missing package into the venv and relaunch (then add it to the lock)"),
+    (Verdict.CRASHED, Cause.COMPILE_ERROR): (Action.REWARM_AND_RELAUNCH, "kernel build failed: clear and re-warm the compile cache, relaunch"),
+    (Verdict.CRASHED, Cause.SILENT_EXIT): (Action.RELAUNCH, "vanished without a trace: relaunch from the newest checkpoint"),
+    (Verdict.CRASHED, Cause.KILLED): (Action.RELAUNCH, "killed from outside: relaunch from the newest checkpoint"),
+    (Verdict.CRASHED, Cause.NCCL_FAILURE): (Action.RELAUNCH, "collective failed: relaunch from the newest checkpoint"),
+    (Verdict.CRASHED, Cause.CUDA_OOM): (Action.RELAUNCH, "GPU out of memory: relaunch from the newest checkpoint once; if it repeats, reduce memory (e.g. average weights on CPU)"),
+    (Verdict.CRASHED, Cause.HOST_OOM_KILLED): (Action.RELAUNCH, "host out of memory: relaunch from the newest checkpoint once; if it repeats, reduce host memory use"),
+    (Verdict.CRASHED, Cause.ERROR): (Action.FULL_RECOVERY, "unexplained error: run the full procedure once"),
+    (Verdict.CRASHED, None): (Action.FULL_RECOVERY, "crashed: run the full procedure once"),
+}
+
+
+def remedy(diagnosis: Diagnosis) -> tuple[Action, str]:
+    return PLAYBOOK.get((diagnosis.verdict, diagnosis.cause)) or PLAYBOOK[(diagnosis.verdict, None)]
+
+
+def choose_action(diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left: int, force: bool = False) -> tuple[Action, str]:
+    """The next action, or ESCALATE when the same failure repeats with no progress or the budget is spent."""
+    action, why = remedy(diagnosis)
+    if force and action is Action.NONE and diagnosis.verdict is not Verdict.STARTING:
+        return Action.FULL_RECOVERY, "forced: run the full procedure even though the run looks fine"
+    if action is Action.NONE:
+        return action, why
+    if earlier and _same_failure(earlier[-1], diagnosis) and not _progressed(earlier[-1], diagnosis):
+        return Action.ESCALATE, f"{_label(diagnosis)} again with no progress after '{remedy(earlier[-1])[0].value}': stopping; a person must look"
+    if attempts_left <= 0:
+        return Action.ESCALATE, "attempts budget spent"
+    return action, why
+
+
+def _same_failure(a: Diagnosis, b: Diagnosis) -> bool:
+    return (a.verdict, a.cause, a.package) == (b.verdict, b.cause, b.package)
+
+
+def _progressed(before: Diagnosis, after: Diagnosis) -> bool:
+    b, a = before.metrics.last_step, after.metrics.last_step
+    return a is not None and (b is None or a > b)
+
+
+def _label(d: Diagnosis) -> str:
+    return f"{d.verdict.value}/{d.cause.value}" if d.cause else d.verdict.value
+
+
+def playbook_table() -> str:
+    """The README's playbook table, generated from PLAYBOOK."""
+    rows = ["| verdict | cause | action | steps | why |", "| --- | --- | --- | --- | --- |"]
+    for (verdict, cause), (action, why) in PLAYBOOK.items():
+        steps = " → ".join(s.value for s in STEPS[action]) or "—"
+        rows.append(f"| {verdict.value} | {cause.value if cause else 'any'} | {action.value} | {steps} | {why} |")
+    return "\n".join(rows)

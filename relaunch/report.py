@@ -1,0 +1,77 @@
+"""What a recovery or a check tells a person: attempts, steps, evidence; as JSON and as markdown."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from relaunch.diagnosis import Metrics
+from relaunch.playbook import Action
+from relaunch.snapshot import GpuSample
+from relaunch.verdicts import Cause, Verdict
+
+
+class StepLine(BaseModel):
+    step: str
+    seconds: float
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Attempt(BaseModel):
+    number: int
+    verdict: Verdict = Field(description="What the health check found before this attempt's action.")
+    cause: Cause | None = None
+    package: str | None = None
+    summary: str = ""
+    action: Action = Field(description="What relaunch did about it.")
+    why: str = Field("", description="The playbook's reason for the action.")
+    evidence: list[str] = Field(default_factory=list)
+    metrics: Metrics = Field(default_factory=Metrics)
+    steps: list[StepLine] = Field(default_factory=list, description="Steps run for the action, with durations.")
+    run_id: str | None = Field(None, description="Launch this attempt started, if any.")
+
+
+class Report(BaseModel):
+    target: str
+    host: str
+    flow: str = Field(description="recover-training or check-training.")
+    verdict: Verdict | None = Field(None, description="Final verdict.")
+    cause: Cause | None = None
+    ok: bool = Field(False, description="The run ends healthy (or finished).")
+    started_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    finished_at: str | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    preflight: list[StepLine] = Field(default_factory=list)
+    gpus: list[GpuSample] = Field(default_factory=list)
+    message: str = Field("", description="What a person should know or do next.")
+
+    def finish(self, message: str = "") -> "Report":
+        last = self.attempts[-1] if self.attempts else None
+        self.verdict = last.verdict if last else None
+        self.cause = last.cause if last else None
+        self.ok = self.verdict in (Verdict.HEALTHY, Verdict.FINISHED)
+        self.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.message = message or self.message
+        return self
+
+    def timeline(self) -> list[str]:
+        lines = []
+        for a in self.attempts:
+            cause = f" ({a.cause.value}{': ' + a.package if a.package else ''})" if a.cause else ""
+            lines.append(f"attempt {a.number}: {a.verdict.value}{cause} -> {a.action.value}  {a.summary}")
+            lines += [f"    {s.step:<16} {s.seconds:8.1f} s" for s in a.steps]
+        return lines
+
+    def markdown(self) -> str:
+        head = f"# {self.flow}: {self.target} on {self.host}\n\n**Verdict: {self.verdict.value if self.verdict else 'none'}**"
+        head += f" ({self.cause.value})" if self.cause else ""
+        parts = [head, self.message, "## Attempts", "| # | verdict | cause | action | summary |", "| --- | --- | --- | --- | --- |"]
+        for a in self.attempts:
+            parts.append(f"| {a.number} | {a.verdict.value} | {a.cause.value if a.cause else ''}{' (' + a.package + ')' if a.package else ''} | {a.action.value} | {a.summary} |")
+        for a in self.attempts:
+            parts.append(f"### Attempt {a.number}: {a.verdict.value}\n{a.why}\n\nEvidence:\n```\n" + "\n".join(a.evidence or ["(none)"]) + "\n```")
+            if a.steps:
+                parts.append("| step | seconds |\n| --- | --- |\n" + "\n".join(f"| {s.step} | {s.seconds:.1f} |" for s in a.steps))
+        return "\n\n".join(p for p in parts if p)

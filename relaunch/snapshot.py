@@ -1,0 +1,30 @@
+"""What one health poll sees. Collected in one round trip by tasks/health.py, judged by relaunch.diagnosis."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class GpuSample(BaseModel):
+    index: int
+    memory_used_mib: int
+    utilization_percent: int
+
+
+class HealthSnapshot(BaseModel):
+    """Raw signals of one poll; nothing here is interpreted yet."""
+
+    host: str = Field("local", description="Host label, for evidence lines.")
+    launched: bool = Field(description="A launch by relaunch is on record, or the configured session exists.")
+    run_id: str | None = Field(None, description="The attempt the signals belong to.")
+    session_alive: bool = Field(False, description="`tmux has-session` succeeded.")
+    pid: int | None = Field(None, description="Recorded trainer PID.")
+    pid_alive: bool = Field(False, description="The recorded PID is alive with its recorded start time.")
+    exit_code: int | None = Field(None, description="Written by the launcher when the trainer exited.")
+    seconds_since_launch: float | None = Field(None, description="Host clock now minus recorded start.")
+    seconds_since_log_write: float | None = Field(None, description="Host clock now minus the log's mtime.")
+    log_size_bytes: int = Field(0, description="Size of the attempt's log.")
+    log_tail: list[str] = Field(default_factory=list, description="Last lines of the log.")
+    log_matches: list[str] = Field(default_factory=list, description="Earliest lines of the whole log that look like failures, in order.")
+    gpus: list[GpuSample] = Field(default_factory=list, description="One sample per GPU; empty where nvidia-smi is absent.")
+    kernel_lines: list[str] = Field(default_factory=list, description="Kernel log lines about OOM kills, where readable.")

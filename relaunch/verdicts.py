@@ -1,0 +1,65 @@
+"""The vocabulary of outcomes: verdicts, causes, and the tables from raw signals to them."""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+
+
+class Verdict(str, Enum):
+    STARTING = "starting"  # alive, within start-up grace or still making start-up progress; wait
+    HEALTHY = "healthy"  # alive, new step lines at or above the degraded threshold
+    DEGRADED = "degraded"  # alive and stepping, but tokens/s below degraded_ratio x baseline
+    STALLED = "stalled"  # alive, but no new step line (or no start-up progress) for the stall window
+    CRASHED = "crashed"  # the trainer is gone with a non-zero, unknown or missing exit code
+    FINISHED = "finished"  # the trainer exited 0: training ran to its end; never relaunched
+    UNKNOWN = "unknown"  # no launch on record and no session: nothing to judge
+
+
+class Cause(str, Enum):
+    FX_TRACING_RACE = "fx_tracing_race"  # a thread FX-traced while others called a compiled function
+    MISSING_DEPENDENCY = "missing_dependency"  # an import failed or a library asked to `pip install` X
+    CUDA_OOM = "cuda_oom"  # torch.OutOfMemoryError / CUDA out of memory on a GPU
+    HOST_OOM_KILLED = "host_oom_killed"  # the kernel's OOM killer took the process (exit 137 + kernel line)
+    NCCL_FAILURE = "nccl_failure"  # a collective failed or timed out in NCCL
+    COMPILE_ERROR = "compile_error"  # torch.compile / inductor failed to build a kernel
+    KILLED = "killed"  # ended by a signal from outside (SIGTERM, SIGKILL) with no traceback
+    SILENT_EXIT = "silent_exit"  # gone with no exit code, no traceback, no kernel line
+    ERROR = "error"  # any other exception; the exception line says which
+
+
+# Log signatures, each a regex over one line. The earliest matching line in the log decides:
+# knock-on failures print later than their cause.
+SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
+    (Cause.FX_TRACING_RACE, re.compile(r"using FX to symbolically trace a dynamo-optimized function")),
+    (Cause.MISSING_DEPENDENCY, re.compile(r"\b(ModuleNotFoundError|ImportError)\b.*|.*\bpip install\b")),
+    (Cause.CUDA_OOM, re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|CUDA error: out of memory")),
+    (Cause.NCCL_FAILURE, re.compile(r"\bNCCL (error|WARN|INFO.*failed)|ProcessGroupNCCL|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|ncclInvalidUsage|Watchdog caught collective operation timeout|DistBackendError")),
+    (Cause.COMPILE_ERROR, re.compile(r"BackendCompilerFailed|InductorError|CppCompileError|torch\._inductor\.exc|torch\._dynamo\.exc\.(?!Unsupported)")),
+]
+
+# A traceback's closing line: `module.Error: message` at column 0.
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
+
+# Warnings that explain a slow run.
+SLOWDOWN_WARNINGS = re.compile(r"called without torch\.compile|falling back to .*(eager|uncompiled|slow)|Graph break|recompil", re.IGNORECASE)
+
+# Kernel log lines of the OOM killer.
+KERNEL_OOM = re.compile(r"Out of memory: Killed process (?P<pid>\d+)|oom-kill:.*task_memcg|oom_reaper: reaped process (?P<pid2>\d+)|Memory cgroup out of memory: Killed process (?P<pid3>\d+)")
+
+# Import names whose distribution is called something else.
+MODULE_TO_PACKAGE: dict[str, str] = {
+    "sklearn": "scikit-learn",
+    "cv2": "opencv-python",
+    "PIL": "Pillow",
+    "yaml": "PyYAML",
+    "bs4": "beautifulsoup4",
+    "google.protobuf": "protobuf",
+    "attr": "attrs",
+    "dateutil": "python-dateutil",
+    "Crypto": "pycryptodome",
+    "flash_attn": "flash-attn",
+    "sentencepiece": "sentencepiece",
+}
+
+SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}

@@ -1,0 +1,97 @@
+"""What every step shares: the task decorator (retries for transport faults only) and step records."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from uuid import UUID
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
+from pydantic import BaseModel, Field
+
+from relaunch.commands import Command, Result
+from relaunch.config import Target
+from relaunch.errors import is_transient
+from relaunch.transport import run, transport_for
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class StepRecord(BaseModel):
+    step: str
+    seconds: float = Field(description="Wall time of the step.")
+    detail: dict[str, Any] = Field(default_factory=dict, description="What the step found or did.")
+
+
+def retry_transient_only(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry when the wire failed; a command that failed on the host is an answer, not a fault."""
+    try:
+        state.result()
+    except Exception as exc:  # noqa: BLE001 - we classify, not handle
+        return is_transient(exc)
+    return False
+
+
+def step_task(name: str, retries: int = 2) -> Callable[[F], F]:
+    """A recovery step: named `step@host` in the UI, retried with backoff on transport faults only."""
+    return task(  # type: ignore[return-value]
+        name=name,
+        task_run_name=f"{name}@{{target.host.hostname}}",
+        retries=retries,
+        retry_delay_seconds=[2, 10, 30],
+        retry_condition_fn=retry_transient_only,
+        cache_policy=NO_CACHE,
+    )
+
+
+def execute(target: Target, command: Command, *, check: bool = True, advice: str = "") -> Result:
+    return run(transport_for(target.host), command, check=check, advice=advice)
+
+
+def log() -> Any:
+    try:
+        return get_run_logger()
+    except Exception:  # outside a flow or task run (plain function call in tests)
+        import logging
+
+        return logging.getLogger("relaunch")
+
+
+@contextmanager
+def timed(step: str) -> Iterator[dict[str, Any]]:
+    """Yield a detail dict to fill; the record is built by the caller from `seconds`."""
+    detail: dict[str, Any] = {}
+    start = time.monotonic()
+    yield detail
+    detail["seconds"] = round(time.monotonic() - start, 3)
+
+
+class Progress:
+    """A Prefect progress artifact for long steps; silent outside a run."""
+
+    def __init__(self, key: str, description: str) -> None:
+        self.id: UUID | None = None
+        if TaskRunContext.get() is None:
+            return
+        try:
+            from prefect.artifacts import create_progress_artifact
+
+            self.id = create_progress_artifact(progress=0.0, key=key, description=description)
+        except Exception as exc:  # the UI view is a nicety; never fail a recovery for it
+            log().debug("progress artifact unavailable: %s", exc)
+
+    def update(self, percent: float, description: str, announce: bool = True) -> None:
+        if announce:
+            log().info("%s (%.0f%%)", description, percent)
+        if self.id is None:
+            return
+        try:
+            from prefect.artifacts import update_progress_artifact
+
+            update_progress_artifact(self.id, progress=percent, description=description)
+        except Exception as exc:
+            log().debug("progress artifact update failed: %s", exc)

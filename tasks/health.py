@@ -1,0 +1,62 @@
+"""Step 7: poll until the verdict settles. One round trip per poll; a death ends the wait at once."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel, Field
+
+from relaunch.commands import Command, script
+from relaunch.config import Target
+from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
+from relaunch.hostscripts import SNAPSHOT
+from relaunch.runfiles import parse_snapshot
+from relaunch.snapshot import HealthSnapshot
+from relaunch.verdicts import Verdict
+from tasks.common import Progress as ProgressArtifact
+from tasks.common import execute, log, step_task
+
+TAIL_LINES = 200
+
+
+class HealthResult(BaseModel):
+    diagnosis: Diagnosis
+    snapshot: HealthSnapshot
+    polls: int = Field(description="Round trips made.")
+    seconds: float = Field(description="Time spent waiting for the verdict to settle.")
+
+
+def plan_snapshot(target: Target, wait_seconds: float, tail_lines: int = TAIL_LINES) -> Command:
+    return script(SNAPSHOT, target.state_path, target.tmux_session, str(int(wait_seconds)), str(tail_lines), "1", label="health poll", timeout_seconds=wait_seconds + 60)
+
+
+def collect_snapshot(target: Target, wait_seconds: float = 0) -> HealthSnapshot:
+    result = execute(target, plan_snapshot(target, wait_seconds))
+    return parse_snapshot(result.stdout, target.host.label)
+
+
+def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:
+    """Poll with a long-poll wait on the host; return the first settled verdict (or `starting` at timeout)."""
+    t = target.thresholds
+    deadline = time.monotonic() + (timeout_seconds if timeout_seconds is not None else t.settle_timeout_seconds)
+    start, progress, polls, last = time.monotonic(), Progress(), 0, None
+    bar = ProgressArtifact(f"{target.name.lower().replace('_', '-').replace('.', '-')}-health", "waiting for the verdict to settle")
+    while True:
+        wait = 0 if polls == 0 else min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
+        snap = collect_snapshot(target, wait)
+        polls += 1
+        progress = advance(progress, snap, t)
+        diagnosis = diagnose(snap, t, progress)
+        if last is None or diagnosis.verdict is not last:
+            log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
+            last = diagnosis.verdict
+        if diagnosis.verdict is Verdict.STARTING:
+            elapsed = snap.seconds_since_launch or 0.0
+            bar.update(min(99.0, 100.0 * elapsed / max(t.startup_grace_seconds, 1.0)), diagnosis.summary, announce=False)
+        if diagnosis.settled or time.monotonic() >= deadline:
+            return HealthResult(diagnosis=diagnosis, snapshot=snap, polls=polls, seconds=round(time.monotonic() - start, 3))
+
+
+@step_task("check_health")
+def check_health(target: Target, timeout_seconds: float | None = None) -> HealthResult:
+    return poll_until_settled(target, timeout_seconds)

@@ -1,0 +1,113 @@
+"""Step 3: move the old venv aside, build a fresh one holding exactly the lock, report drift, import-check."""
+
+from __future__ import annotations
+
+import re
+
+from relaunch.commands import Command, script
+from relaunch.config import Target
+from relaunch.runfiles import utc_stamp
+from tasks.common import Progress, StepRecord, execute, log, step_task, timed
+
+BUILDING_MARKER = ".relaunch-building"
+
+# Move the current venv aside; one relaunch left half-built (marker still there) is named so.
+MOVE_ASIDE = r"""
+venv=$1 stamp=$2 marker=$3
+[ -e "$venv" ] || { echo "none"; exit 0; }
+kind=old; [ -e "$venv/$marker" ] && kind=incomplete
+mv -T -- "$venv" "$venv.$kind-$stamp" && echo "$venv.$kind-$stamp"
+"""
+
+# Put the previous venv back after a failed build; the failed one is kept for inspection.
+PUT_BACK = r"""
+venv=$1 aside=$2 stamp=$3
+[ -e "$venv" ] && mv -- "$venv" "$venv.failed-$stamp"
+[ "$aside" = none ] || mv -- "$aside" "$venv"
+"""
+
+# Keep the newest N old venvs; the only thing relaunch ever deletes (the issue's retention rule).
+PRUNE = r"""
+venv=$1 keep=$2
+ls -1d "$venv".old-* 2>/dev/null | sort -r | tail -n +"$((keep + 1))" | while read -r old; do rm -rf -- "$old" && echo "removed $old"; done
+"""
+
+IMPORT_CHECK = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n    print('imported', m)"
+
+
+def installer_flags(target: Target) -> list[str]:
+    flags = ["--no-index"] if target.offline else []
+    for url in target.index_urls:
+        flags += ["--extra-index-url", url]
+    for link in target.find_links:
+        flags += ["--find-links", link]
+    return flags
+
+
+def plan_rebuild(target: Target, stamp: str) -> dict[str, Command]:
+    py = f"{target.venv_dir}/bin/python"
+    return {
+        "move_aside": script(MOVE_ASIDE, target.venv_dir, stamp, BUILDING_MARKER, label="move old venv aside", timeout_seconds=300),
+        "create": script('uv venv --python "$1" "$2" && touch "$2/$3"', target.python, target.venv_dir, BUILDING_MARKER, label="uv venv", timeout_seconds=300),
+        "install": Command(("uv", "pip", "sync", "--python", py, "--compile-bytecode", *installer_flags(target), target.lock_path), label="uv pip sync", timeout_seconds=3600),
+        "freeze": Command(("uv", "pip", "freeze", "--python", py), label="uv pip freeze", timeout_seconds=120),
+        "import_check": Command((py, "-c", IMPORT_CHECK, *target.import_check), cwd=target.repo_dir, label="import check", timeout_seconds=600),
+        "mark": Command(("rm", "-f", "--", f"{target.venv_dir}/{BUILDING_MARKER}"), label="mark venv complete"),
+        "prune": script(PRUNE, target.venv_dir, str(target.keep_old_venvs), label="prune old venvs"),
+    }
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_pins(text: str) -> dict[str, str]:
+    """`name==version` lines of a lock or a freeze, names normalised; comments and options skipped."""
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line and not line.startswith("-"):
+            name, version = line.split("==", 1)
+            pins[_norm(name.split("[")[0])] = version.split(";")[0].strip()
+    return pins
+
+
+def drift(lock: dict[str, str], installed: dict[str, str]) -> list[str]:
+    """Differences between the lock and the venv, as lines a person reads."""
+    lines = [f"{n}: lock {v}, installed {installed[n]}" for n, v in sorted(lock.items()) if n in installed and installed[n] != v]
+    lines += [f"{n}: in lock ({v}), not installed" for n, v in sorted(lock.items()) if n not in installed]
+    lines += [f"{n}: installed ({v}), not in lock" for n, v in sorted(installed.items()) if n not in lock]
+    return lines
+
+
+@step_task("rebuild_venv", retries=1)
+def rebuild_venv(target: Target) -> StepRecord:
+    stamp = utc_stamp()
+    plan = plan_rebuild(target, stamp)
+    progress = Progress(f"{target.name.lower().replace('_', '-').replace('.', '-')}-rebuild-venv", "rebuilding the venv")
+    with timed("rebuild_venv") as detail:
+        progress.update(5, "moving the old venv aside")
+        aside = execute(target, plan["move_aside"]).stdout.strip() or "none"
+        detail["old_venv"] = aside
+        try:
+            progress.update(15, "creating a fresh venv")
+            execute(target, plan["create"], advice="check that uv and the python interpreter exist on the host")
+            progress.update(30, "installing exactly the lock")
+            execute(target, plan["install"], advice="the lock cannot be installed as pinned: fix the lock or the package indexes")
+            progress.update(80, "comparing installed versions with the lock")
+            lock = parse_pins(execute(target, Command(("cat", target.lock_path), label="read lock")).stdout)
+            installed = parse_pins(execute(target, plan["freeze"]).stdout)
+            detail["drift"] = drift(lock, installed)
+            detail["packages"] = len(installed)
+            if target.import_check:
+                progress.update(90, "import-checking " + ", ".join(target.import_check))
+                execute(target, plan["import_check"], advice="a key module does not import in the fresh venv: the lock is incomplete")
+            execute(target, plan["mark"])
+        except Exception:
+            execute(target, script(PUT_BACK, target.venv_dir, aside, stamp, label="put the old venv back"), check=False)
+            raise
+        detail["pruned"] = execute(target, plan["prune"]).stdout.split()[1::2]
+        if detail["drift"]:
+            log().warning("venv differs from the lock: %s", "; ".join(detail["drift"]))
+        progress.update(100, f"venv ready ({detail['packages']} packages)")
+    return StepRecord(step="rebuild_venv", seconds=detail.pop("seconds"), detail=detail)

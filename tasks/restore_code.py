@@ -1,0 +1,42 @@
+"""Step 4: save what the restore would drop as a patch, then restore the paths to the known-good ref."""
+
+from __future__ import annotations
+
+
+from relaunch.commands import Command, script
+from relaunch.config import Target
+from relaunch.runfiles import utc_stamp
+from tasks.common import StepRecord, execute, step_task, timed
+
+RESTORE = r"""
+repo=$1 ref=$2 patch=$3; shift 3
+set -e
+cd -- "$repo"
+# Everything that differs from the ref, committed later or not: exactly what the restore drops.
+if ! git diff --quiet "$ref" -- "$@"; then
+  mkdir -p "$(dirname "$patch")"
+  git diff --binary "$ref" -- "$@" > "$patch.tmp" && mv -f "$patch.tmp" "$patch"
+  echo "saved $patch"
+fi
+git checkout "$ref" -- "$@"
+echo "ref $(git rev-parse "$ref^{commit}")"
+echo "head $(git rev-parse HEAD)"
+"""
+
+
+def plan_restore(target: Target, stamp: str | None = None) -> Command:
+    stamp = stamp or utc_stamp()
+    patch = f"{target.state_path}/patches/{stamp}-restore.patch"
+    return script(RESTORE, target.repo_dir, target.known_good_ref, patch, *target.restore_paths, label="git restore", timeout_seconds=120)
+
+
+@step_task("restore_code")
+def restore_code(target: Target) -> StepRecord:
+    with timed("restore_code") as detail:
+        if not target.restore_paths:
+            detail["skipped"] = "no restore_paths configured"
+        else:
+            out = execute(target, plan_restore(target), advice="check the repo on the host; nothing was restored").stdout
+            fields = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+            detail.update(commit=fields.get("ref"), head=fields.get("head"), patch=fields.get("saved"), paths=target.restore_paths)
+    return StepRecord(step="restore_code", seconds=detail.pop("seconds"), detail=detail)

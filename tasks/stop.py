@@ -1,0 +1,22 @@
+"""Step 2: stop the recorded trainer and the configured tmux session; bounded wait for exit and GPU release."""
+
+from __future__ import annotations
+
+from relaunch.commands import Command, script
+from relaunch.config import Target
+from relaunch.hostscripts import STOP
+from tasks.common import StepRecord, execute, step_task, timed
+
+STOP_TIMEOUT_SECONDS = 60
+
+
+def plan_stop(target: Target, timeout_seconds: int = STOP_TIMEOUT_SECONDS) -> Command:
+    return script(STOP, target.state_path, target.tmux_session, str(timeout_seconds), label="stop trainer", timeout_seconds=timeout_seconds + 90)
+
+
+@step_task("stop")
+def stop(target: Target) -> StepRecord:
+    with timed("stop") as detail:
+        result = execute(target, plan_stop(target), advice="stop the trainer by hand (tmux kill-session; kill its PID) and run again")
+        detail["output"] = result.stdout.strip().splitlines()[-3:]
+    return StepRecord(step="stop", seconds=detail.pop("seconds"), detail=detail)

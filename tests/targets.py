@@ -1,0 +1,62 @@
+"""Small real targets for step tests: a git repo, a lock of tiny wheels, a bash 'trainer' that prints step lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from demo.target import git
+from demo.wheels import build_all
+from relaunch.config import Target, Thresholds
+
+# A trainer in bash: step lines in the incident's format, fast, no torch.
+STEPPER = """#!/usr/bin/env bash
+start=${1:-0}
+echo "loading"
+for i in $(seq $((start + 1)) 100000); do
+  echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s) | q_hs=[2]"
+  sleep "${STEP_SECONDS:-0.2}"
+  [ -n "$EXIT_AT" ] && [ "$i" -ge "$EXIT_AT" ] && exit "${EXIT_CODE:-3}"
+done
+"""
+
+
+def shell_target(tmp_path: Path, name: str = "t", **overrides) -> Target:
+    repo = tmp_path / "repo"
+    repo.mkdir(parents=True)
+    (repo / "stepper.sh").write_text(STEPPER)
+    (repo / "model.py").write_text("VALUE = 1\n")
+    wheels = tmp_path / "wheels"
+    build_all(wheels)
+    (repo / "requirements.lock").write_text("tinyjunk==0.1.0\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "good")
+    fields = dict(
+        name=name,
+        repo_dir=str(repo),
+        restore_paths=["model.py"],
+        venv_dir=str(tmp_path / "venv"),
+        lock_file="requirements.lock",
+        python=getattr(sys, "_base_executable", sys.executable),
+        find_links=[str(wheels)],
+        offline=True,
+        import_check=["tinyjunk"],
+        inductor_cache_dir=str(tmp_path / "inductor"),
+        warmup_command=None,
+        launch_command="bash stepper.sh",
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        resume_arg="{checkpoint}",
+        tmux_session=f"relaunch-test-{name}-{uuid.uuid4().hex[:8]}",
+        log_dir=str(tmp_path / "logs"),
+        min_free_disk_gb=0.1,
+        thresholds=Thresholds(startup_grace_seconds=30, poll_interval_seconds=0.5, settle_timeout_seconds=30, healthy_steps=3, stall_window_floor_seconds=3),
+    )
+    fields.update(overrides)
+    return Target(**fields)
+
+
+def tmux_alive(session: str) -> bool:
+    return subprocess.run(["tmux", "has-session", "-t", f"={session}"], capture_output=True).returncode == 0

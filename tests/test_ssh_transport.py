@@ -1,0 +1,386 @@
+"""SSHTransport against a real OpenSSH server on 127.0.0.1 (see tests/sshd.py)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import statistics
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sshd import SSHServer, keygen, running_sshd, sshd  # noqa: E402,F401  (sshd is a fixture)
+
+from relaunch.commands import Command, Result, script  # noqa: E402
+from relaunch.errors import AuthenticationFailed, CommandFailed, HostKeyError, TransportError, is_transient  # noqa: E402
+from relaunch.ssh import PASSPHRASE_ENV, SSHTransport, describe_container_failure  # noqa: E402
+from relaunch.transport import run  # noqa: E402
+
+
+@pytest.fixture
+def transport(sshd: SSHServer):
+    t = SSHTransport(sshd.ssh_host())
+    yield t
+    t.close()
+
+
+def _sh(text: str, *args: str, **kw) -> Command:
+    return script(text, *args, label=kw.pop("label", "test"), **kw)
+
+
+def _full_text(exc: BaseException) -> str:
+    """The exception, its causes and their tracebacks, as a log would show them."""
+    return "".join(traceback.format_exception(exc))
+
+
+def test_a_command_runs_and_returns_its_output_and_exit_code(transport: SSHTransport) -> None:
+    result = transport.execute(_sh('echo "out:$1"; echo "err:$2" >&2', "a b", "c'd"))
+    assert result == Result(0, "out:a b\n", "err:c'd\n", result.elapsed_seconds)
+    assert result.elapsed_seconds > 0
+
+
+def test_the_remote_command_is_the_shell_joined_host_argv(transport: SSHTransport, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shlex
+
+    from fabric import Connection
+
+    from relaunch.commands import host_argv
+
+    sent: list[str] = []
+    original = Connection.run
+
+    def spy(self, command, **kwargs):
+        sent.append(command)
+        return original(self, command, **kwargs)
+
+    monkeypatch.setattr(Connection, "run", spy)
+    command = Command(argv=("printf", "%s", "it's"), env=(("A", "$B"),), cwd="/tmp")
+    assert transport.execute(command).stdout == "it's"
+    assert sent == [shlex.join(host_argv(command, None))]
+
+
+def test_a_non_zero_exit_is_a_result_not_an_exception(transport: SSHTransport) -> None:
+    result = transport.execute(_sh("echo partial; echo broken >&2; exit 7"))
+    assert (result.exit_code, result.stdout, result.stderr) == (7, "partial\n", "broken\n")
+
+
+def test_run_raises_command_failed_naming_host_command_exit_and_output_tail(transport: SSHTransport, sshd: SSHServer) -> None:
+    with pytest.raises(CommandFailed) as info:
+        run(transport, _sh("for i in 1 2 3; do echo line$i; done; echo boom >&2; exit 3", label="make-venv"), advice="fix it")
+    exc = info.value
+    assert (exc.host, exc.command, exc.exit_code) == (f"{sshd.user}@127.0.0.1:{sshd.port}", "make-venv", 3)
+    text = str(exc)
+    assert all(part in text for part in ("127.0.0.1", "`make-venv` exited 3", "line3", "boom", "what to do: fix it"))
+    assert not is_transient(exc)
+
+
+def test_one_connection_is_reused_by_every_call(sshd: SSHServer) -> None:
+    transport = SSHTransport(sshd.ssh_host())
+    logins = sshd.accepted_logins()
+    start = time.perf_counter()
+    transport.execute(Command(argv=("true",)))
+    first = time.perf_counter() - start
+    paramiko_transport = transport.connection.transport
+    times = []
+    for _ in range(50):
+        start = time.perf_counter()
+        assert transport.execute(Command(argv=("true",))).exit_code == 0
+        times.append(time.perf_counter() - start)
+        assert transport.connection.transport is paramiko_transport
+    pct = SSHTransport(sshd.container_host("pct", "201"))
+    pct_times = []
+    for _ in range(20):
+        start = time.perf_counter()
+        pct.execute(Command(argv=("true",)))
+        pct_times.append(time.perf_counter() - start)
+    transport.close()
+    pct.close()
+    assert sshd.accepted_logins() - logins == 2  # one per transport, however many commands
+    times.sort()
+    print(
+        f"\nSSH round trip over one reused connection, `true` x{len(times)}: median {statistics.median(times) * 1000:.1f} ms, "
+        f"p95 {times[int(len(times) * 0.95)] * 1000:.1f} ms, min {times[0] * 1000:.1f} ms; first call with connect "
+        f"{first * 1000:.1f} ms; through the pct stand-in: median {statistics.median(pct_times) * 1000:.1f} ms"
+    )
+
+
+def test_calls_from_many_threads_share_one_connection(sshd: SSHServer) -> None:
+    transport = SSHTransport(sshd.ssh_host())
+    logins = sshd.accepted_logins()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: transport.execute(_sh('printf %s "$1"', str(i))), range(40)))
+    transport.close()
+    assert [r.stdout for r in results] == [str(i) for i in range(40)]
+    assert sshd.accepted_logins() - logins == 1
+
+
+def test_unknown_host_key_is_refused_by_default(sshd: SSHServer, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("# operator's file\n")
+    transport = SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts)))
+    with pytest.raises(HostKeyError) as info:
+        transport.execute(Command(argv=("true",)))
+    text = str(info.value)
+    fingerprint = SSHTransport(sshd.ssh_host()).execute(Command(argv=("ssh-keygen", "-lf", f"{sshd.host_key}.pub"))).stdout.split()[1]
+    assert "unknown host key" in text and fingerprint in text and f"127.0.0.1:{sshd.port}" in text
+    assert f"ssh-keyscan -p {sshd.port} 127.0.0.1 >> {known_hosts}" in text and "trust_on_first_use" in text
+    assert known_hosts.read_text() == "# operator's file\n"
+    assert not is_transient(info.value)
+
+
+def test_a_missing_known_hosts_file_refuses_and_is_not_created(sshd: SSHServer, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "absent" / "known_hosts"
+    with pytest.raises(HostKeyError, match="unknown host key"):
+        SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts))).execute(Command(argv=("true",)))
+    assert not known_hosts.exists()
+
+
+@pytest.mark.parametrize("trust_on_first_use", [False, True])
+def test_a_changed_host_key_is_refused_even_with_trust_on_first_use(sshd: SSHServer, tmp_path: Path, trust_on_first_use: bool) -> None:
+    other = keygen(tmp_path / "other_host_key")
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(sshd.known_hosts_line(other.with_suffix(".pub")))
+    before = known_hosts.read_text()
+    transport = SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts), trust_on_first_use=trust_on_first_use))
+    with pytest.raises(HostKeyError) as info:
+        transport.execute(Command(argv=("true",)))
+    text = str(info.value)
+    assert "CHANGED" in text and "man-in-the-middle" in text and "ssh-keygen -R" in text
+    assert known_hosts.read_text() == before
+
+
+def test_a_host_known_only_under_another_key_type_is_refused_with_trust_on_first_use(sshd: SSHServer, tmp_path: Path) -> None:
+    rsa = tmp_path / "rsa_host_key"
+    import subprocess
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f", str(rsa)], check=True)
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(sshd.known_hosts_line(rsa.with_suffix(".pub")))
+    transport = SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts), trust_on_first_use=True))
+    with pytest.raises(HostKeyError, match="CHANGED"):
+        transport.execute(Command(argv=("true",)))
+    assert known_hosts.read_text() == sshd.known_hosts_line(rsa.with_suffix(".pub"))
+
+
+def test_trust_on_first_use_accepts_and_records_an_unknown_key(sshd: SSHServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    known_hosts = tmp_path / "ssh" / "known_hosts"
+    known_hosts.parent.mkdir()
+    known_hosts.write_text("# kept\nother.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl")
+    with caplog.at_level(logging.WARNING, logger="relaunch.ssh"):
+        assert SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts), trust_on_first_use=True)).execute(Command(argv=("true",))).exit_code == 0
+    lines = known_hosts.read_text().splitlines()
+    assert lines[:2] == ["# kept", "other.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"]
+    assert lines[2:] == [sshd.known_hosts_line().strip()]
+    assert "recorded new host key" in caplog.text
+    # Recorded: a strict transport now trusts it.
+    assert SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts))).execute(Command(argv=("true",))).exit_code == 0
+
+
+def test_a_wrong_user_key_fails_authentication(sshd: SSHServer, tmp_path: Path) -> None:
+    stranger = keygen(tmp_path / "stranger")
+    transport = SSHTransport(sshd.ssh_host(key_path=str(stranger)))
+    with pytest.raises(AuthenticationFailed) as info:
+        transport.execute(Command(argv=("true",)))
+    text = str(info.value)
+    assert f"{sshd.user}@127.0.0.1:{sshd.port}" in text and str(stranger) in text
+    assert not is_transient(info.value)
+
+
+def test_a_missing_key_file_fails_authentication_naming_it(sshd: SSHServer, tmp_path: Path) -> None:
+    with pytest.raises(AuthenticationFailed, match="cannot read it"):
+        SSHTransport(sshd.ssh_host(key_path=str(tmp_path / "nope"))).execute(Command(argv=("true",)))
+
+
+def test_nothing_listening_raises_transport_error_quickly(sshd: SSHServer) -> None:
+    port = _closed_port()
+    start = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        SSHTransport(sshd.ssh_host(port=port)).execute(Command(argv=("true",), label="probe"))
+    assert time.monotonic() - start < 2
+    text = str(info.value)
+    assert "cannot connect" in text and f"127.0.0.1:{port}" in text and "sshd is running" in text and "probe" in text
+    assert is_transient(info.value)
+
+
+def test_a_server_that_never_answers_times_out_after_connect_timeout(sshd: SSHServer) -> None:
+    with socket.socket() as silent:  # accepts TCP (backlog) but never sends an SSH banner
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        start = time.monotonic()
+        with pytest.raises(TransportError) as info:
+            SSHTransport(sshd.ssh_host(port=port, connect_timeout_seconds=0.5)).execute(Command(argv=("true",)))
+        assert 0.4 < time.monotonic() - start < 3
+    assert f"127.0.0.1:{port}" in str(info.value)
+
+
+def test_a_restarted_server_is_reconnected() -> None:
+    with running_sshd() as server:  # its own server: restarting the shared one would disturb other tests
+        transport = SSHTransport(server.ssh_host())
+        assert transport.execute(Command(argv=("echo", "before"))).stdout == "before\n"
+        old = transport.connection.transport
+        server.restart()
+        try:
+            first = transport.execute(Command(argv=("echo", "after")))
+        except TransportError:
+            first = transport.execute(Command(argv=("echo", "after")))
+        assert first.stdout == "after\n"
+        assert transport.connection.transport is not old
+        assert transport.execute(Command(argv=("true",))).exit_code == 0
+        transport.close()
+
+
+def test_a_connection_lost_mid_command_raises_transport_error_and_the_next_call_reconnects() -> None:
+    with running_sshd() as server:
+        transport = SSHTransport(server.ssh_host())
+        transport.execute(Command(argv=("true",)))
+        timer = threading.Timer(0.5, server.restart)
+        timer.start()
+        with pytest.raises(TransportError) as info:
+            transport.execute(Command(argv=("sleep", "20"), label="long step"))
+        timer.join()
+        assert "long step" in str(info.value) and is_transient(info.value)
+        assert transport.execute(Command(argv=("echo", "ok"))).stdout == "ok\n"
+        transport.close()
+
+
+@pytest.mark.parametrize(("kind", "cid"), [("pct", "201"), ("docker", "trainer")])
+def test_commands_run_through_the_container_stand_ins(sshd: SSHServer, kind: str, cid: str) -> None:
+    transport = SSHTransport(sshd.container_host(kind, cid))
+    result = transport.execute(_sh('printf "%s|" "$@"; printf "%s" "$PWD"', "a b", "$HOME", "'", cwd="/tmp", env={"X": "y z"}))
+    assert result.stdout == "a b|$HOME|'|/tmp"
+    assert transport.execute(Command(argv=("printenv", "X"), env=(("X", "y z"),))).stdout == "y z\n"
+    transport.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "cid", "exit_code", "message", "described"),
+    [
+        ("pct", "203", 255, "Configuration file 'nodes/", "LXC container 203 does not exist"),
+        ("pct", "202", 1, "lxc-attach: 202: ../src/lxc/attach.c: lxc_attach: 1136 Failed to get init pid", "LXC container 202 is not running"),
+        ("docker", "gone", 1, "Error response from daemon: No such container: gone", "docker container gone does not exist"),
+        ("docker", "stopped-trainer", 1, "Error response from daemon: container ", "is not running"),
+    ],
+)
+def test_a_missing_or_stopped_container_gives_the_real_error_in_command_failed(
+    sshd: SSHServer, kind: str, cid: str, exit_code: int, message: str, described: str
+) -> None:
+    transport = SSHTransport(sshd.container_host(kind, cid))
+    with pytest.raises(CommandFailed) as info:
+        run(transport, Command(argv=("true",), label="check"))
+    assert info.value.exit_code == exit_code and message in str(info.value) and f"({kind} {cid})" in info.value.host
+    result = transport.execute(Command(argv=("true",)))
+    assert described in (describe_container_failure(result) or "")
+    transport.close()
+
+
+def test_describe_container_failure_ignores_ordinary_failures() -> None:
+    assert describe_container_failure(Result(0, "", "Error response from daemon: No such container: x")) is None
+    assert describe_container_failure(Result(2, "", "grep: missing file")) is None
+
+
+def test_a_command_over_its_timeout_raises_transport_error_and_the_connection_survives(transport: SSHTransport) -> None:
+    transport.execute(Command(argv=("true",)))
+    connection = transport.connection.transport
+    start = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        transport.execute(Command(argv=("sleep", "37.5"), timeout_seconds=0.5, label="slow"))
+    assert time.monotonic() - start < 3
+    assert "timed out after 0.5 s" in str(info.value) and "slow" in str(info.value) and "may still be running" in str(info.value)
+    assert is_transient(info.value)
+    assert transport.execute(Command(argv=("true",))).exit_code == 0
+    assert transport.connection.transport is connection
+    # Known limit: closing the channel does not stop a no-pty command on the host (and sshd ignores "signal"
+    # requests for root logins). End the one this test started, by its PID.
+    pids = transport.execute(_sh("pgrep -f 'sleep 3[7].5' || true")).stdout.split()
+    if pids:
+        print(f"\nafter the timeout the remote command was still running: pid {' '.join(pids)}")
+        transport.execute(Command(argv=("kill", *pids)))
+
+
+def test_a_command_reading_stdin_sees_end_of_file(transport: SSHTransport) -> None:
+    result = transport.execute(Command(argv=("cat",), timeout_seconds=5))
+    assert (result.exit_code, result.stdout) == (0, "")
+
+
+def test_long_non_ascii_output_survives_read_boundaries(transport: SSHTransport) -> None:
+    result = transport.execute(_sh("yes 'é日🙂' | head -n 40000"))  # 400 kB: many reads, characters split between them
+    assert result.stdout == "é日🙂\n" * 40000
+
+
+def test_a_command_too_long_for_the_host_is_refused_before_it_can_drop_the_connection(transport: SSHTransport, sshd: SSHServer) -> None:
+    logins = sshd.accepted_logins()
+    transport.execute(Command(argv=("true",)))
+    with pytest.raises(ValueError, match="limit is 131071"):
+        transport.execute(Command(argv=("printf", "%s", "x" * 300_000), label="huge"))
+    near = "é" * 60_000  # 120 kB quoted: still fits in one argv string
+    assert transport.execute(_sh('printf %s "$1"', near)).stdout == near
+    assert sshd.accepted_logins() - logins == 1
+
+
+def test_the_passphrase_comes_from_the_environment_and_never_appears_in_errors(
+    sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    passphrase = "correct-horse-7f3a9"
+    key = keygen(tmp_path / "encrypted", passphrase=passphrase)
+    sshd.authorize(key)
+    host = sshd.ssh_host(key_path=str(key))
+    caplog.set_level(logging.DEBUG)
+
+    monkeypatch.delenv(PASSPHRASE_ENV, raising=False)
+    with pytest.raises(AuthenticationFailed, match=PASSPHRASE_ENV) as missing:
+        SSHTransport(host).execute(Command(argv=("true",)))
+
+    monkeypatch.setenv(PASSPHRASE_ENV, "not-" + passphrase)
+    with pytest.raises(AuthenticationFailed, match="wrong passphrase") as wrong:
+        SSHTransport(host).execute(Command(argv=("true",)))
+
+    monkeypatch.setenv(PASSPHRASE_ENV, passphrase)
+    assert SSHTransport(host).execute(Command(argv=("echo", "in"))).stdout == "in\n"
+
+    for exc in (missing.value, wrong.value):
+        assert passphrase not in _full_text(exc) and str(key) in str(exc)
+    assert passphrase not in caplog.text
+
+
+def test_the_passphrase_can_come_from_a_prefect_secret_block_loaded_only_when_needed(
+    sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    from prefect.blocks.system import Secret
+
+    passphrase = "block-held-5c1e"
+    key = keygen(tmp_path / "encrypted", passphrase=passphrase)
+    sshd.authorize(key)
+    loaded: list[str] = []
+
+    class FakeSecret:
+        def get(self) -> str:
+            return passphrase
+
+    def load(cls, name: str, **kwargs: object) -> FakeSecret:
+        loaded.append(name)
+        return FakeSecret()
+
+    monkeypatch.setattr(Secret, "load", classmethod(load))
+    monkeypatch.delenv(PASSPHRASE_ENV, raising=False)
+
+    plain = SSHTransport(sshd.ssh_host(passphrase_secret_block="ssh-pass"))  # unencrypted key: no secret needed
+    plain.execute(Command(argv=("true",)))
+    assert loaded == []
+
+    encrypted = SSHTransport(sshd.ssh_host(key_path=str(key), passphrase_secret_block="ssh-pass"))
+    assert encrypted.execute(Command(argv=("echo", "ok"))).stdout == "ok\n"
+    assert loaded == ["ssh-pass"]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

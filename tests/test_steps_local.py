@@ -1,0 +1,168 @@
+"""Each recovery step against the real thing on this machine: tmux, git, uv, processes, files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from relaunch.errors import CommandFailed, PreflightFailed
+from relaunch.verdicts import Cause, Verdict
+from tasks.health import collect_snapshot, poll_until_settled
+from tasks.launch import launch
+from tasks.preflight import preflight
+from tasks.rebuild_venv import rebuild_venv
+from tasks.restore_code import restore_code
+from tasks.stop import stop
+from tasks.warm_cache import warm_cache
+from tests.targets import shell_target, tmux_alive
+
+
+@pytest.fixture
+def made(tmp_path):
+    """Build targets with shell_target; every trainer they launch is stopped afterwards."""
+    targets = []
+
+    def make(**overrides):
+        targets.append(shell_target(tmp_path / str(len(targets)), **overrides))
+        return targets[-1]
+
+    yield make
+    for t in targets:
+        stop.fn(t)
+
+
+@pytest.fixture
+def target(made):
+    return made()
+
+
+def run_record(target):
+    state = Path(target.state_path)
+    return state / "runs" / (state / "current").read_text().strip()
+
+
+def test_launch_records_pid_and_the_log_gets_the_trainers_output(target):
+    record, step = launch.fn(target, 1)
+    assert record.pid and os.path.exists(f"/proc/{record.pid}")
+    result = poll_until_settled(target)
+    assert result.diagnosis.verdict is Verdict.HEALTHY
+    assert "step=3" in Path(record.log_path).read_text()
+    assert tmux_alive(target.tmux_session)
+
+
+def test_exit_code_is_recorded_and_a_death_ends_the_poll_at_once(made):
+    t = made(env={"EXIT_AT": "2", "EXIT_CODE": "3"})
+    launch.fn(t, 1)
+    while not (run_record(t) / "exit_code").exists():
+        collect_snapshot(t, wait_seconds=5)  # returns when the trainer dies, not after 5 s
+    start = time.monotonic()
+    snap = collect_snapshot(t, wait_seconds=30)
+    assert time.monotonic() - start < 10
+    assert snap.exit_code == 3 and not snap.pid_alive
+    d = poll_until_settled(t).diagnosis
+    assert (d.verdict, d.cause) == (Verdict.CRASHED, Cause.ERROR)
+    assert "exit code 3" in d.evidence
+
+
+def test_a_trainer_killed_with_its_session_is_a_silent_exit(target):
+    launch.fn(target, 1)
+    supervisor = int((run_record(target) / "supervisor_pid").read_text().split()[0])
+    os.killpg(supervisor, signal.SIGKILL)
+    subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], check=True)
+    d = poll_until_settled(target).diagnosis
+    assert (d.verdict, d.cause) == (Verdict.CRASHED, Cause.SILENT_EXIT)
+
+
+def test_the_trainer_and_its_log_survive_the_tmux_session(target):
+    record, _ = launch.fn(target, 1)
+    subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], check=True)
+    size = Path(record.log_path).stat().st_size
+    snap = collect_snapshot(target, wait_seconds=1)
+    assert snap.pid_alive and not snap.session_alive
+    assert Path(record.log_path).stat().st_size > size
+
+
+def test_launch_refuses_while_the_recorded_trainer_is_alive(target):
+    launch.fn(target, 1)
+    with pytest.raises(CommandFailed, match="refusing to start a second one"):
+        launch.fn(target, 2)
+
+
+def test_stop_ends_the_recorded_trainer_and_leaves_lookalike_processes_alone(target):
+    record, _ = launch.fn(target, 1)
+    decoy = subprocess.Popen(["bash", "stepper.sh"], cwd=target.repo_dir, stdout=subprocess.DEVNULL)
+    try:
+        stop.fn(target)
+        assert not os.path.exists(f"/proc/{record.pid}")
+        assert not tmux_alive(target.tmux_session)
+        assert decoy.poll() is None, "a process that only looks like the trainer was killed"
+        assert (run_record(target) / "exit_code").read_text().strip() == "143"
+    finally:
+        decoy.kill()
+
+
+def test_relaunch_resumes_from_the_newest_checkpoint(target):
+    ckpt = Path(target.checkpoint_dir)
+    for name in ("step_90", "step_600", "step_200"):
+        (ckpt / name).mkdir(parents=True)
+    record, _ = launch.fn(target, 1)
+    assert record.checkpoint == f"{ckpt}/step_600"
+    assert record.command.endswith(f"{ckpt}/step_600")
+
+
+def test_restore_saves_uncommitted_edits_as_a_patch_that_reapplies(target):
+    model = Path(target.repo_dir) / "model.py"
+    model.write_text("VALUE = 2  # hack\n")
+    step = restore_code.fn(target)
+    assert model.read_text() == "VALUE = 1\n"
+    patch = step.detail["patch"]
+    subprocess.run(["git", "-C", target.repo_dir, "apply", "--check", patch], check=True)
+    subprocess.run(["git", "-C", target.repo_dir, "apply", patch], check=True)
+    assert model.read_text() == "VALUE = 2  # hack\n"
+
+
+def test_rebuild_moves_old_venvs_aside_keeps_two_and_reports_drift(target):
+    subprocess.run(["uv", "venv", "-q", "--python", target.python, target.venv_dir], check=True)
+    for _ in range(3):
+        step = rebuild_venv.fn(target)
+    venvs = sorted(p.name for p in Path(target.venv_dir).parent.glob("venv*"))
+    assert venvs[0] == "venv" and len([v for v in venvs if ".old-" in v]) == 2
+    assert step.detail["drift"] == []
+    out = subprocess.run([f"{target.venv_dir}/bin/python", "-c", "import tinyjunk; print(tinyjunk.__version__)"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0.1.0"
+
+
+def test_a_lock_that_cannot_be_installed_fails_and_puts_the_old_venv_back(made):
+    t = made()
+    subprocess.run(["uv", "venv", "-q", "--python", t.python, t.venv_dir], check=True)
+    marker = Path(t.venv_dir) / "mine"
+    marker.write_text("the user's venv")
+    Path(t.lock_path).write_text("tinyjunk==9.9.9\n")
+    with pytest.raises(CommandFailed) as err:
+        rebuild_venv.fn(t)
+    assert "uv pip sync" in str(err.value) and "exited" in str(err.value)
+    assert marker.read_text() == "the user's venv"
+
+
+def test_warm_up_runs_in_the_repo_with_the_trainers_cache_dir_and_env(made):
+    t = made(warmup_command='echo "$TORCHINDUCTOR_CACHE_DIR $FOO $PWD" > "$TORCHINDUCTOR_CACHE_DIR/seen"', env={"FOO": "bar baz"})
+    Path(t.inductor_cache_dir).mkdir()
+    (Path(t.inductor_cache_dir) / "stale.so").write_text("old")
+    step = warm_cache.fn(t)
+    assert not (Path(t.inductor_cache_dir) / "stale.so").exists()
+    assert (Path(t.inductor_cache_dir) / "seen").read_text().strip() == f"{t.inductor_cache_dir} bar baz {t.repo_dir}"
+    assert step.detail["cache_bytes"] > 0
+
+
+def test_preflight_lists_every_problem_before_anything_changes(made):
+    t = made(known_good_ref="no-such-ref", lock_file="missing.lock", log_dir="/etc/hostname/logs")
+    with pytest.raises(PreflightFailed) as err:
+        preflight.fn(t)
+    text = str(err.value)
+    assert "known_good_ref 'no-such-ref'" in text and "missing.lock does not exist" in text and "log_dir /etc/hostname/logs" in text
+    assert not Path(t.state_path).exists()
