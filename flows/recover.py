@@ -6,6 +6,7 @@ from prefect import flow
 
 from flows.common import attempt_from, publish
 from relaunch.config import Target
+from relaunch.errors import RelaunchError
 from relaunch.playbook import STEPS, Action, Step, choose_action
 from relaunch.report import Report, StepLine
 from relaunch.verdicts import Verdict
@@ -58,7 +59,12 @@ def recover_training(target: Target, force: bool = False) -> Report:
         if action in (Action.NONE, Action.ESCALATE):
             break
         history.append(health.diagnosis)
-        attempt.steps, attempt.run_id = run_steps(target, action, health, number)
+        try:
+            attempt.steps, attempt.run_id = run_steps(target, action, health, number)
+        except RelaunchError as exc:
+            # The report still reaches the UI: which attempt, which step, what the host said.
+            publish(report.finish(f"attempt {number} ({action.value}) failed: {exc}"))
+            raise
         health = check_health(target)
     final = report.attempts[-1]
     message = final.why if final.action is Action.ESCALATE else ("healthy" if final.verdict is Verdict.HEALTHY else final.summary)

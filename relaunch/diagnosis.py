@@ -17,6 +17,7 @@ from relaunch.verdicts import (
     SIGNAL_NAMES,
     SIGNATURES,
     SLOWDOWN_WARNINGS,
+    WRAPPER_EXCEPTIONS,
     Cause,
     Verdict,
 )
@@ -95,7 +96,7 @@ def advance(progress: Progress, snap: HealthSnapshot, thresholds: Thresholds) ->
         # First sight of a run under way: its last line is as old as the log's last write.
         seen_at = now - (snap.seconds_since_log_write or 0.0)
         p = replace(p, log_size_bytes=snap.log_size_bytes, log_grew_at=seen_at)
-        if reading.steps and _ends_with_step(snap, thresholds):
+        if reading.steps:  # the last step line is at least as old as the last write
             p = replace(p, last_step=reading.steps[-1], step_changed_at=seen_at)
     if reading.steps and reading.steps[-1] != p.last_step:
         intervals = p.step_intervals
@@ -112,11 +113,6 @@ def advance(progress: Progress, snap: HealthSnapshot, thresholds: Thresholds) ->
         p = replace(p, gpu_busy_at=now)
     all_zero = bool(snap.gpus) and all(g.memory_used_mib == 0 for g in snap.gpus)
     return replace(p, gpu_all_zero_polls=p.gpu_all_zero_polls + 1 if all_zero else 0)
-
-
-def _ends_with_step(snap: HealthSnapshot, thresholds: Thresholds) -> bool:
-    lines = [line for line in snap.log_tail if line.strip() and not line.startswith("[relaunch]")]
-    return bool(lines) and re.search(thresholds.step_pattern, lines[-1]) is not None
 
 
 def stall_window_seconds(progress: Progress, thresholds: Thresholds) -> float:
@@ -181,8 +177,11 @@ def _gone(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis:
 
 def classify_failure(lines: list[str]) -> tuple[Cause, str | None, list[str]] | None:
     """The first failure in time: (cause, package to install, decisive lines), or None."""
+    fallback: tuple[Cause, str | None, list[str]] | None = None
     for index, line in enumerate(lines):
         stripped = line.rstrip()
+        if _is_warning(stripped):
+            continue
         for cause, pattern in SIGNATURES:
             if cause is Cause.MISSING_DEPENDENCY:
                 package = missing_package(stripped)
@@ -190,9 +189,12 @@ def classify_failure(lines: list[str]) -> tuple[Cause, str | None, list[str]] | 
                     return cause, package, [stripped]
             elif pattern.search(stripped):
                 return cause, None, _with_exception_line(lines, index)
-        if EXCEPTION_LINE.match(stripped) and not _is_warning(stripped):
-            return Cause.ERROR, None, [stripped]
-    return None
+        if EXCEPTION_LINE.match(stripped):
+            if not WRAPPER_EXCEPTIONS.search(stripped):
+                return Cause.ERROR, None, [stripped]
+            # A launcher re-raising a worker's failure: the worker's own error, printed below, is the cause.
+            fallback = fallback or (Cause.ERROR, None, [stripped])
+    return fallback
 
 
 def missing_package(line: str) -> str | None:
@@ -211,7 +213,8 @@ def missing_package(line: str) -> str | None:
 
 
 def _is_warning(line: str) -> bool:
-    return bool(re.match(r"^\w*Warning\b", line))
+    """Warnings print before failures and cause none (`destroy_process_group() was not called`)."""
+    return bool(re.match(r"^\w*Warning\b", line) or re.search(r"\bWarning: |UserWarning: |^(\[rank\d+\]:)?\[W\d{4} ", line))
 
 
 def _with_exception_line(lines: list[str], index: int) -> list[str]:

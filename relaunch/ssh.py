@@ -57,6 +57,18 @@ class _Remote(Remote):
         if tail := decoder.decode(b"", final=True):
             yield tail
 
+    killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+        super().kill()
+
+    @property
+    def timed_out(self) -> bool:
+        # invoke's test is "the timer thread has ended", but the channel closes while that thread is still in
+        # kill(), so a timed-out command could come back as an ordinary exit -1 instead of CommandTimedOut.
+        return self.killed or super().timed_out
+
 
 def _fabric_config() -> Config:
     # An explicit, empty SSH config and no invoke/fabric config files: the Host model is the only source

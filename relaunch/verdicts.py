@@ -31,7 +31,9 @@ class Cause(str, Enum):
 # Log signatures, each a regex over one line. The earliest matching line in the log decides:
 # knock-on failures print later than their cause.
 SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
-    (Cause.FX_TRACING_RACE, re.compile(r"using FX to symbolically trace a dynamo-optimized function")),
+    # Both faces of the race: dynamo refusing while FX traces, or FX's global Module.__call__
+    # patch catching another thread's forward (seen on CPU with torch 2.13).
+    (Cause.FX_TRACING_RACE, re.compile(r"using FX to symbolically trace a dynamo-optimized function|fx/_symbolic_trace\.py\", line \d+, in (module_call_wrapper|call_module|path_of_module)")),
     (Cause.MISSING_DEPENDENCY, re.compile(r"\b(ModuleNotFoundError|ImportError)\b.*|.*\bpip install\b")),
     (Cause.CUDA_OOM, re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|CUDA error: out of memory")),
     (Cause.NCCL_FAILURE, re.compile(r"\bNCCL (error|WARN|INFO.*failed)|ProcessGroupNCCL|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|ncclInvalidUsage|Watchdog caught collective operation timeout|DistBackendError")),
@@ -40,6 +42,9 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
 
 # A traceback's closing line: `module.Error: message` at column 0.
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
+
+# Exceptions that only carry a worker's failure up to the launcher (mp.spawn, torchrun).
+WRAPPER_EXCEPTIONS = re.compile(r"ProcessRaisedException|ProcessExitedException|ChildFailedError")
 
 # Warnings that explain a slow run.
 SLOWDOWN_WARNINGS = re.compile(r"called without torch\.compile|falling back to .*(eager|uncompiled|slow)|Graph break|recompil", re.IGNORECASE)

@@ -228,7 +228,9 @@ def test_a_restarted_server_is_reconnected() -> None:
         server.restart()
         try:
             first = transport.execute(Command(argv=("echo", "after")))
-        except TransportError:
+            print("\nafter the restart the first call reconnected transparently")
+        except TransportError as exc:
+            print(f"\nafter the restart the first call raised TransportError ({exc.reason}); the next one reconnects")
             first = transport.execute(Command(argv=("echo", "after")))
         assert first.stdout == "after\n"
         assert transport.connection.transport is not old

@@ -1,0 +1,66 @@
+"""Target files fail clearly; the README's tables are the code's tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from relaunch.config import load_target
+from relaunch.errors import ConfigError
+from relaunch.playbook import playbook_table
+
+ROOT = Path(__file__).parent.parent
+GOOD = {"name": "dflash", "repo_dir": "/root/dflash", "venv_dir": "/root/venv", "lock_file": "requirements.lock", "launch_command": "bash start.sh", "log_dir": "/workspace/logs"}
+
+
+def write(tmp_path, data) -> Path:
+    path = tmp_path / "target.yaml"
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_a_minimal_target_file_loads_with_defaults_from_the_field_notes(tmp_path):
+    target = load_target(write(tmp_path, GOOD))
+    assert target.inductor_cache_dir == "/tmp/torchinductor_root"
+    assert target.thresholds.startup_grace_seconds >= 420, "the incident's start-up took well over 7 minutes"
+    assert target.state_path == "/workspace/logs/.relaunch"
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"thresholds": {"poll_interval_seconds": 0}}, "thresholds.poll_interval_seconds"),
+        ({"repo_dir": "relative/path"}, "repo_dir"),
+        ({"max_attempts": "three"}, "max_attempts"),
+        ({"tmux_session": "a;rm -rf /"}, "tmux_session"),
+        ({"unknown_field": 1}, "unknown_field"),
+        ({"checkpoint_dir": "/ckpt", "resume_arg": "--resume"}, "resume_arg"),
+    ],
+)
+def test_a_bad_target_file_fails_naming_the_file_and_the_field(tmp_path, change, names):
+    path = write(tmp_path, {**GOOD, **change})
+    with pytest.raises(ConfigError) as err:
+        load_target(path)
+    assert str(path) in str(err.value) and names in str(err.value)
+
+
+def test_a_missing_field_and_broken_yaml_are_named(tmp_path):
+    data = dict(GOOD)
+    data.pop("launch_command")
+    with pytest.raises(ConfigError, match="launch_command: Field required"):
+        load_target(write(tmp_path, data))
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_target(write(tmp_path, "name: [unclosed"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_target(tmp_path / "absent.yaml")
+
+
+def test_the_readme_shows_the_playbook_table_the_code_uses():
+    assert playbook_table() in (ROOT / "README.md").read_text()
+
+
+def test_the_readme_quick_start_is_what_ci_runs():
+    readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+    assert "make demo" in readme and "make test" in readme and "make test" in ci

@@ -1,0 +1,71 @@
+"""The flows end to end on this machine, under a real (temporary) Prefect server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from demo.scenarios import SCENARIOS, prepare
+from flows.check import check_training
+from flows.recover import recover_training
+from relaunch.playbook import Action
+from relaunch.verdicts import Verdict
+from tasks.launch import launch
+from tasks.stop import stop
+from tests.targets import shell_target
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first(scenario, tmp_path):
+    target = prepare(scenario, tmp_path / scenario)
+    try:
+        report = recover_training(target)
+    finally:
+        stop.fn(target)
+    expected = SCENARIOS[scenario]
+    first = report.attempts[0]
+    assert (first.verdict.value, first.cause.value if first.cause else None) == (expected.expected_verdict, expected.expected_cause), report.timeline()
+    assert report.ok and report.verdict is Verdict.HEALTHY, report.timeline()
+    assert all(a.steps for a in report.attempts[:-1]), "every attempt but the last acted"
+    if scenario != "missing-dependency":
+        patches = list((Path(target.state_path) / "patches").glob("*.patch"))
+        assert patches and "HACK" in patches[0].read_text(), "the hacked model file was saved before the restore"
+
+
+def test_recovery_of_a_healthy_run_changes_nothing(tmp_path):
+    target = shell_target(tmp_path)
+    record, _ = launch.fn(target, 1)
+    try:
+        report = recover_training(target)
+        assert [a.action for a in report.attempts] == [Action.NONE]
+        assert report.attempts[0].verdict is Verdict.HEALTHY
+        assert (Path(target.state_path) / "current").read_text().strip() == record.run_id
+    finally:
+        stop.fn(target)
+
+
+def test_the_same_failure_twice_without_progress_ends_with_a_clear_report(tmp_path):
+    target = shell_target(tmp_path, launch_command="python3 -c \"import json; json.loads('{broken')\"", max_attempts=5)
+    try:
+        report = recover_training(target)
+    finally:
+        stop.fn(target)
+    actions = [a.action for a in report.attempts]
+    assert actions == [Action.FULL_RECOVERY, Action.FULL_RECOVERY, Action.ESCALATE], report.timeline()
+    assert not report.ok and "again with no progress" in report.message
+    assert any("JSONDecodeError" in line for line in report.attempts[-1].evidence)
+
+
+def test_check_training_reports_the_verdict_and_changes_nothing(tmp_path):
+    target = shell_target(tmp_path, env={"EXIT_AT": "2", "EXIT_CODE": "7"})
+    launch.fn(target, 1)
+    try:
+        report = check_training(target)
+    finally:
+        stop.fn(target)
+    assert report.attempts[0].verdict is Verdict.CRASHED
+    assert report.attempts[0].action is Action.FULL_RECOVERY and report.attempts[0].why.startswith("would do")
+    assert len(list((Path(target.state_path) / "runs").iterdir())) == 1
