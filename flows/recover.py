@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from prefect import flow
+from prefect.concurrency.sync import concurrency
+from prefect.context import FlowRunContext
 
 from flows.common import attempt_from, publish
 from relaunch.config import Target
@@ -14,6 +16,7 @@ from tasks.common import log
 from tasks.health import HealthResult, check_health
 from tasks.install_package import install_package
 from tasks.launch import launch
+from tasks.lock import target_lock
 from tasks.preflight import preflight
 from tasks.rebuild_venv import rebuild_venv
 from tasks.restore_code import restore_code
@@ -45,6 +48,20 @@ def run_steps(target: Target, action: Action, health: HealthResult, attempt: int
 def recover_training(target: Target, force: bool = False) -> Report:
     """Diagnose the current run, then act on the verdict through the playbook until healthy or out of attempts."""
     report = Report(target=target.name, host=target.host.label, flow="recover-training")
+    run_ctx = FlowRunContext.get()
+    flow_run = str(run_ctx.flow_run.id) if run_ctx and run_ctx.flow_run else ""
+    # Server-side: one recovery per host across all workers (a no-op where no limit exists).
+    # Host-side: the lock folder, which also holds with no server at all.
+    with concurrency(host_limit_name(target), occupy=1, strict=False), target_lock(target, flow_run):
+        return _recover(target, force, report)
+
+
+def host_limit_name(target: Target) -> str:
+    """The global concurrency limit that serialises recoveries on one host."""
+    return f"relaunch-host-{target.host.hostname}"
+
+
+def _recover(target: Target, force: bool, report: Report) -> Report:
     pre = preflight(target)
     report.preflight.append(StepLine(step=pre.step, seconds=pre.seconds, detail=pre.detail))
     health = check_health(target)

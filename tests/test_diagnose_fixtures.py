@@ -32,7 +32,6 @@ CASES = [
     ("gpu/flex_uncompiled.log", ["--running", "--seconds-since-log-write", "1", "--baseline-tokens-per-second", "4295000"], "degraded", None, None, "flex_attention called without torch.compile()"),
     ("gpu/flex_compiled.log", ["--running", "--seconds-since-log-write", "1", "--baseline-tokens-per-second", "4295000"], "healthy", None, None, "step=2580"),
     ("demo/fx_race_cpu_module_call.log", ["--exit-code", "1"], "crashed", "fx_tracing_race", None, "NameError: module is not installed as a submodule"),
-    ("demo/fx_race_cpu.log", ["--exit-code", "1"], "crashed", "fx_tracing_race", None, "dynamo-optimized function"),
     ("demo/missing_dependency.log", ["--exit-code", "1"], "crashed", "missing_dependency", "tinyaccel", "No module named 'tinyaccel'"),
     ("demo/silent_death.log", [], "crashed", "silent_exit", None, "no exit code recorded"),
     ("demo/degraded_uncompiled.log", ["--running", "--seconds-since-log-write", "1", "--baseline-tokens-per-second", "30000"], "degraded", None, None, "called without torch.compile()"),

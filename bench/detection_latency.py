@@ -1,0 +1,105 @@
+"""Detection latency: from the demo trainer's death to a `crashed` verdict, polling as the flow does.
+
+Kills the demo trainer at random moments, many times, and prints the figures as JSON.
+Two ways to die: the trainer alone is SIGKILLed (the supervisor records exit code 137), or its
+whole process group and tmux session go at once (no exit code: `silent_exit` from the PID check).
+
+Usage: .venv/bin/python bench/detection_latency.py [--trials 20] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+
+from demo.scenarios import prepare  # noqa: E402
+from relaunch.diagnosis import Progress, advance, diagnose  # noqa: E402
+from relaunch.verdicts import Verdict  # noqa: E402
+from tasks.health import collect_snapshot  # noqa: E402
+from tasks.launch import launch  # noqa: E402
+from tasks.rebuild_venv import rebuild_venv  # noqa: E402
+from tasks.stop import stop  # noqa: E402
+from tasks.warm_cache import warm_cache  # noqa: E402
+
+
+def trial(target, mode: str, rng: random.Random) -> dict:
+    record, _ = launch.fn(target, 1)
+    state = Path(target.state_path) / "runs" / record.run_id
+    detected: dict = {}
+    ready = threading.Event()
+
+    def poll() -> None:
+        progress, polls = Progress(), 0
+        while True:
+            snap = collect_snapshot(target, wait_seconds=target.thresholds.poll_interval_seconds)
+            polls += 1
+            ready.set()
+            progress = advance(progress, snap, target.thresholds)
+            d = diagnose(snap, target.thresholds, progress)
+            if d.verdict is Verdict.CRASHED:
+                detected.update(at=time.monotonic(), polls=polls, cause=d.cause.value)
+                return
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    ready.wait()
+    time.sleep(rng.uniform(0.5, 6.0))  # a random moment: start-up, compile or steady stepping
+    killed_at = time.monotonic()
+    if mode == "trainer":
+        os.kill(record.pid, signal.SIGKILL)
+    else:
+        os.killpg(int((state / "supervisor_pid").read_text().split()[0]), signal.SIGKILL)
+        subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], check=False)
+    poller.join(timeout=60)
+    stop.fn(target)
+    return {"mode": mode, "latency_seconds": round(detected["at"] - killed_at, 4), "cause": detected["cause"], "polls": detected["polls"]}
+
+
+def summary(latencies: list[float]) -> dict:
+    ordered = sorted(latencies)
+    return {
+        "n": len(ordered),
+        "median_seconds": round(statistics.median(ordered), 3),
+        "p95_seconds": round(ordered[max(0, int(round(0.95 * len(ordered))) - 1)], 3),
+        "max_seconds": round(ordered[-1], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=20, help="per death mode")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/relaunch-bench-latency"))
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    target = prepare("healthy", args.workdir)
+    target = target.model_copy(update={"thresholds": target.thresholds.model_copy(update={"poll_interval_seconds": 5.0})})
+    rebuild_venv.fn(target)
+    warm_cache.fn(target)
+    rng = random.Random(args.seed)
+    results = [trial(target, mode, rng) for _ in range(args.trials) for mode in ("trainer", "group")]
+    by_mode = {m: summary([r["latency_seconds"] for r in results if r["mode"] == m]) for m in ("trainer", "group")}
+    print(json.dumps({
+        "what": "seconds from SIGKILL of the demo trainer to a crashed verdict; one round trip per poll, poll_interval_seconds=5",
+        "host": "local",
+        "overall": summary([r["latency_seconds"] for r in results]),
+        "by_mode": by_mode,
+        "causes": sorted({r["cause"] for r in results}),
+        "trials": results,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
