@@ -81,7 +81,7 @@ def diagnose(
     import time
 
     quiet = seconds_since_log_write if seconds_since_log_write is not None else max(0.0, time.time() - log.stat().st_mtime)
-    snap = HealthSnapshot(host="(saved log)", launched=True, pid_alive=running, exit_code=None if running else exit_code, log_tail=lines[-400:], log_matches=lines, kernel_lines=kernel, seconds_since_launch=1e9 if running else None, seconds_since_log_write=quiet, log_size_bytes=log.stat().st_size)
+    snap = HealthSnapshot(host="(saved log)", launched=True, pid_alive=running, exit_code=None if running else exit_code, log_tail=lines[-400:], log_matches=lines[:-400], kernel_lines=kernel, seconds_since_launch=1e9 if running else None, seconds_since_log_write=quiet, log_size_bytes=log.stat().st_size)
     thresholds = Thresholds(baseline_tokens_per_second=baseline_tokens_per_second)
     d = judge(snap, thresholds)
     if as_json:

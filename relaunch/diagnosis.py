@@ -153,8 +153,7 @@ def _gone(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis:
     code = snap.exit_code
     if code == 0:
         return Diagnosis(verdict=Verdict.FINISHED, summary="the trainer exited 0", evidence=_last_lines(snap, 3), metrics=metrics)
-    lines = _dedupe([*snap.log_matches, *snap.log_tail])
-    cause = classify_failure(lines)
+    cause = classify_failure([*snap.log_matches, *snap.log_tail])
     oom_kernel = _kernel_oom_lines(snap)
     exit_text = f"exit code {code}" if code is not None else "no exit code recorded"
     if cause is not None and not (oom_kernel and cause[0] is Cause.ERROR):
@@ -180,7 +179,7 @@ def classify_failure(lines: list[str]) -> tuple[Cause, str | None, list[str]] | 
     fallback: tuple[Cause, str | None, list[str]] | None = None
     for index, line in enumerate(lines):
         stripped = line.rstrip()
-        if _is_warning(stripped):
+        if _is_warning(stripped) or _is_source_line(stripped):
             continue
         for cause, pattern in SIGNATURES:
             if cause is Cause.MISSING_DEPENDENCY:
@@ -212,6 +211,11 @@ def missing_package(line: str) -> str | None:
     return None
 
 
+def _is_source_line(line: str) -> bool:
+    """Source quoted in a traceback (`    raise InductorError(...)`) names errors without being one."""
+    return line[:1].isspace() and not line.lstrip().startswith(("File \"", "ModuleNotFoundError", "ImportError"))
+
+
 def _is_warning(line: str) -> bool:
     """Warnings print before failures and cause none (`destroy_process_group() was not called`)."""
     return bool(re.match(r"^\w*Warning\b", line) or re.search(r"\bWarning: |UserWarning: |^(\[rank\d+\]:)?\[W\d{4} ", line))
@@ -220,7 +224,7 @@ def _is_warning(line: str) -> bool:
 def _with_exception_line(lines: list[str], index: int) -> list[str]:
     """The matching line, plus the traceback's closing exception line when it follows."""
     decisive = [lines[index].rstrip()]
-    for later in lines[index + 1 : index + 60]:
+    for later in lines[index + 1 : index + 300]:
         if EXCEPTION_LINE.match(later.rstrip()):
             if later.rstrip() not in decisive:
                 decisive.append(later.rstrip())

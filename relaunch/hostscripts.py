@@ -37,8 +37,10 @@ echo "$M now $now"
 if [ -n "$log" ] && [ -e "$log" ]; then
   echo "$M log_mtime $(date -r "$log" +%s.%N)"
   echo "$M log_size $(stat -c %s "$log")"
+  echo "$M log_lines $(wc -l < "$log")"
+  # The earliest failures anywhere in the log, numbered and with the frames before them.
   echo "$M matches"
-  grep -a -m 30 -E 'Error|Exception|Traceback|Killed|NCCL|out of memory|pip install|without torch.compile' "$log" | cut -c1-2000
+  grep -a -n -B 12 -m 30 -E 'Error|Exception|Traceback|Killed|NCCL|out of memory|pip install|without torch.compile' "$log" | cut -c1-2000
   echo "$M tail"
   tail -n "$tail_n" "$log" | cut -c1-2000
 fi

@@ -102,6 +102,7 @@ def parse_snapshot(stdout: str, host: str) -> HealthSnapshot:
                 fields[key] = value.strip()
         elif current is not None:
             current.append(line)
+    matches = _before_tail(sections["matches"], _int(fields.get("log_lines")), len(sections["tail"]))
     now = _float(fields.get("now"))
     started, mtime = _float(fields.get("started_at")), _float(fields.get("log_mtime"))
     return HealthSnapshot(
@@ -116,10 +117,24 @@ def parse_snapshot(stdout: str, host: str) -> HealthSnapshot:
         seconds_since_log_write=max(0.0, now - mtime) if now is not None and mtime is not None else None,
         log_size_bytes=_int(fields.get("log_size")) or 0,
         log_tail=sections["tail"],
-        log_matches=sections["matches"],
+        log_matches=matches,
         gpus=parse_gpu_csv("\n".join(sections["gpu"])),
         kernel_lines=sections["kernel"],
     )
+
+
+NUMBERED = re.compile(r"^(\d+)[:-](.*)$")
+
+
+def _before_tail(numbered: list[str], total: int | None, tail_len: int) -> list[str]:
+    """grep -n -B output, in log order, without the lines the tail already holds."""
+    first_tail = (total or 0) - tail_len + 1
+    lines: dict[int, str] = {}
+    for line in numbered:
+        m = NUMBERED.match(line)
+        if m and int(m[1]) < first_tail:
+            lines[int(m[1])] = m[2]
+    return [lines[n] for n in sorted(lines)]
 
 
 GPU_LINE = re.compile(r"^\s*(\d+),\s*(\d+)(?:\s*MiB)?,\s*(\d+)(?:\s*%)?\s*$")

@@ -25,6 +25,6 @@ class HealthSnapshot(BaseModel):
     seconds_since_log_write: float | None = Field(None, description="Host clock now minus the log's mtime.")
     log_size_bytes: int = Field(0, description="Size of the attempt's log.")
     log_tail: list[str] = Field(default_factory=list, description="Last lines of the log.")
-    log_matches: list[str] = Field(default_factory=list, description="Earliest lines of the whole log that look like failures, in order.")
+    log_matches: list[str] = Field(default_factory=list, description="Earliest failure-looking lines of the log with the lines before them, in log order, none of them in log_tail.")
     gpus: list[GpuSample] = Field(default_factory=list, description="One sample per GPU; empty where nvidia-smi is absent.")
     kernel_lines: list[str] = Field(default_factory=list, description="Kernel log lines about OOM kills, where readable.")
