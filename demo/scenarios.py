@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def say(message: str) -> None:
-    print(f"[demo] {message}", flush=True)
+    # stderr: stdout is for the report (`--json` must stay parseable).
+    print(f"[demo] {message}", file=sys.stderr, flush=True)
 
 
 def prepare(scenario: str, work: Path) -> Target:
