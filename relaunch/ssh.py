@@ -43,6 +43,7 @@ class _Remote(Remote):
 
     # invoke polls for the end of a command every input_sleep; its 10 ms default doubles a short command's round trip.
     input_sleep = 0.002
+    killed = False
 
     def send_start_message(self, command: str) -> None:
         super().send_start_message(command)
@@ -56,8 +57,6 @@ class _Remote(Remote):
             yield decoder.decode(data)
         if tail := decoder.decode(b"", final=True):
             yield tail
-
-    killed = False
 
     def kill(self) -> None:
         self.killed = True
@@ -215,6 +214,9 @@ class SSHTransport:
                 conn.client.get_host_keys().load(str(known_hosts))
         except OSError as exc:
             raise HostKeyError(f"{self._where}: cannot read known_hosts {known_hosts}: {exc.strerror}") from exc
+        except paramiko.hostkeys.InvalidHostKey as exc:
+            # paramiko rejects the whole file over one bad line (OpenSSH would skip it): a person must fix it.
+            raise HostKeyError(f"{self._where}: {known_hosts} has a malformed line, fix or remove it: {exc.line.strip()!r}") from exc
         # Replaces fabric's AutoAddPolicy, which would accept any key.
         policy = _TrustOnFirstUse if h.trust_on_first_use else _RefuseUnknown
         conn.client.set_missing_host_key_policy(policy(h, known_hosts))

@@ -141,6 +141,13 @@ def test_a_missing_known_hosts_file_refuses_and_is_not_created(sshd: SSHServer, 
     assert not known_hosts.exists()
 
 
+def test_a_malformed_known_hosts_line_is_named_in_a_host_key_error(sshd: SSHServer, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(sshd.known_hosts_line() + "[h]:1 ssh-ed25519 !!notbase64\n")
+    with pytest.raises(HostKeyError, match="malformed line.*notbase64"):
+        SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts))).execute(Command(argv=("true",)))
+
+
 @pytest.mark.parametrize("trust_on_first_use", [False, True])
 def test_a_changed_host_key_is_refused_even_with_trust_on_first_use(sshd: SSHServer, tmp_path: Path, trust_on_first_use: bool) -> None:
     other = keygen(tmp_path / "other_host_key")
