@@ -6,10 +6,12 @@ positional arguments ("$1", "$2"), so each layer quotes exactly once.
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass, field
 
 from relaunch.config import Container
+from relaunch.errors import CommandTooLong
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,24 @@ def script(text: str, *args: str, label: str, timeout_seconds: float | None = No
     )
 
 
-def host_argv(command: Command, container: Container | None) -> list[str]:
-    """argv on the host: bash without start-up files, inside the container when there is one."""
-    inner = ["bash", "--noprofile", "--norc", "-c", command.shell()]
+# Linux caps one argv string at 128 KiB (MAX_ARG_STRLEN); over SSH, far past it sshd drops the connection.
+MAX_COMMAND_BYTES = 128 * 1024 - 1
+# The host's own `timeout` gets this long to stop a command before the client gives up on it.
+HOST_TIMEOUT_GRACE_SECONDS = 15
+TIMEOUT_EXIT = 124
+
+
+def host_argv(command: Command, container: Container | None, timeout_seconds: float | None = None) -> list[str]:
+    """argv on the host: bash without start-up files, under the host's `timeout`, in the container if any.
+
+    The host enforces the timeout: closing an SSH channel does not stop a command without a terminal.
+    """
+    shell = command.shell()
+    if len(shell.encode()) > MAX_COMMAND_BYTES:
+        raise CommandTooLong(f"`{command.display}` is {len(shell.encode())} bytes; the limit is {MAX_COMMAND_BYTES}: send large data as a file")
+    inner = ["bash", "--noprofile", "--norc", "-c", shell]
+    if timeout_seconds:
+        inner = ["timeout", "-k", "10", str(math.ceil(timeout_seconds)), *inner]
     if container is None:
         return inner
     if container.kind == "pct":
@@ -79,3 +96,8 @@ class Plan:
 
     step: str
     commands: list[Command] = field(default_factory=list)
+
+
+def timed_out_on_host(result: Result, timeout_seconds: float) -> bool:
+    """`timeout` exits 124 when it stopped the command; a command's own 124 comes back sooner."""
+    return result.exit_code == TIMEOUT_EXIT and result.elapsed_seconds >= timeout_seconds - 1

@@ -25,6 +25,10 @@ class CommandFailed(RelaunchError):
         return f"{text}\n  what to do: {self.advice}" if self.advice else text
 
 
+class CommandTooLong(RelaunchError):
+    """A command larger than one argv string may be; never sent."""
+
+
 class PreflightFailed(RelaunchError):
     """The target cannot be recovered as configured; found before anything changed."""
 

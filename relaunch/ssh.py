@@ -23,17 +23,15 @@ from fabric import Config, Connection
 from fabric.runners import Remote
 from invoke.exceptions import CommandTimedOut, ThreadException
 
-from relaunch.commands import Command, Result, host_argv
+from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, MAX_COMMAND_BYTES, Command, Result, host_argv, timed_out_on_host
 from relaunch.config import Host
-from relaunch.errors import AuthenticationFailed, HostKeyError, TransportError
+from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, TransportError
+from relaunch.transport import timeout_error
 
 log = logging.getLogger(__name__)
 
 PASSPHRASE_ENV = "RELAUNCH_SSH_PASSPHRASE"
 KEEPALIVE_SECONDS = 30
-# The login shell gets the command as one argv string, which Linux caps at 128 KiB (MAX_ARG_STRLEN); past
-# 256 KiB sshd drops the whole connection, taking every other thread's command with it.
-MAX_COMMAND_BYTES = 128 * 1024 - 1
 # What a broken connection looks like from fabric/paramiko; ThreadException wraps errors in invoke's IO threads.
 _WIRE_ERRORS = (paramiko.SSHException, EOFError, OSError, ThreadException)
 
@@ -140,20 +138,17 @@ class SSHTransport:
         return Path(os.path.expanduser(self.host.known_hosts_path or "~/.ssh/known_hosts"))
 
     def execute(self, command: Command) -> Result:
-        remote = shlex.join(host_argv(command, self.host.container))
-        if len(remote.encode()) > MAX_COMMAND_BYTES:
-            raise ValueError(f"`{command.display}` is {len(remote.encode())} bytes quoted; the limit is {MAX_COMMAND_BYTES}: send large data as a file")
         timeout = command.timeout_seconds or self.host.command_timeout_seconds
+        remote = shlex.join(host_argv(command, self.host.container, timeout))
+        if len(remote.encode()) > MAX_COMMAND_BYTES:
+            raise CommandTooLong(f"`{command.display}` is {len(remote.encode())} bytes quoted; the limit is {MAX_COMMAND_BYTES}: send large data as a file")
         conn = self._connection(command)
         start = time.monotonic()
         try:
-            out = conn.run(remote, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout, encoding="utf-8")
+            # The host's `timeout` stops the command; the client's limit only catches a host that stopped answering.
+            out = conn.run(remote, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, encoding="utf-8")
         except CommandTimedOut as exc:
-            raise TransportError(
-                self.host.label, command.display, f"timed out after {timeout:g} s",
-                # Closing the channel does not stop a no-pty command, and sshd refuses "signal" requests for root logins.
-                "it may still be running on the host: check before retrying by hand; raise the timeout if the step is just slow",
-            ) from exc
+            raise timeout_error(self.host.label, command, timeout) from exc
         except _WIRE_ERRORS as exc:
             self._discard(conn)
             raise TransportError(
@@ -169,7 +164,10 @@ class SSHTransport:
                 self.host.label, command.display, "connection dropped while the command ran; it may or may not have finished",
                 "retried automatically; check the host if it keeps happening",
             )
-        return Result(out.exited, out.stdout, out.stderr, elapsed)
+        result = Result(out.exited, out.stdout, out.stderr, elapsed)
+        if timed_out_on_host(result, timeout):
+            raise timeout_error(self.host.label, command, timeout)
+        return result
 
     def close(self) -> None:
         with self._lock:

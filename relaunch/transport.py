@@ -6,7 +6,7 @@ import subprocess
 import time
 from typing import Protocol
 
-from relaunch.commands import Command, Result, host_argv
+from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, Command, Result, host_argv, timed_out_on_host
 from relaunch.config import Host
 from relaunch.errors import CommandFailed, TransportError
 
@@ -28,6 +28,10 @@ def run(transport: Transport, command: Command, *, check: bool = True, advice: s
     return result
 
 
+def timeout_error(host: str, command: Command, timeout: float) -> TransportError:
+    return TransportError(host, command.display, f"timed out after {timeout:g} s (stopped on the host)", "raise the step's timeout if it is just slow, or check the host's load")
+
+
 class LocalTransport:
     """Commands on this machine, through the same bash (and container) layers as a remote host."""
 
@@ -35,16 +39,20 @@ class LocalTransport:
         self.host = host
 
     def execute(self, command: Command) -> Result:
-        argv = host_argv(command, self.host.container)
         timeout = command.timeout_seconds or self.host.command_timeout_seconds
+        argv = host_argv(command, self.host.container, timeout)
         start = time.monotonic()
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(argv, capture_output=True, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:
-            raise TransportError(self.host.label, command.display, f"timed out after {timeout:.0f} s", "raise the timeout or check the host load") from exc
-        except FileNotFoundError as exc:
-            raise TransportError(self.host.label, command.display, f"{argv[0]} not found", f"install {argv[0]} on this machine") from exc
-        return Result(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+            raise timeout_error(self.host.label, command, timeout) from exc
+        except OSError as exc:
+            raise TransportError(self.host.label, command.display, f"cannot start {argv[0]}: {exc.strerror}", f"check that {argv[0]} is installed on this machine") from exc
+        # Bytes, decoded once: text mode would turn \r\n into \n and the output would not be byte for byte.
+        result = Result(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"), time.monotonic() - start)
+        if timed_out_on_host(result, timeout):
+            raise timeout_error(self.host.label, command, timeout)
+        return result
 
     def close(self) -> None:
         pass

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -71,18 +71,11 @@ def dirs() -> Iterator[Path]:
         yield Path(os.path.realpath(tmp))  # realpath: $PWD must equal the path we cd'd to
 
 
-def _avoid_known_local_bug(layer: str, value: str) -> None:
-    # LocalTransport runs subprocess with text=True, whose universal newlines turn "\r" and "\r\n" into "\n"
-    # (see test_local_transport_keeps_carriage_returns). SSH does not translate.
-    if layer.startswith("local"):
-        assume("\r" not in value)
-
 
 @pytest.mark.parametrize("layer", LAYERS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=TEXT)
 def test_an_argument_arrives_byte_for_byte(transports: dict[str, Transport], layer: str, value: str) -> None:
-    _avoid_known_local_bug(layer, value)
     result = transports[layer].execute(script('printf %s "$1"', value, label="echo"))
     assert (result.exit_code, result.stderr, result.stdout) == (0, "", value)
 
@@ -91,7 +84,6 @@ def test_an_argument_arrives_byte_for_byte(transports: dict[str, Transport], lay
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(value=TEXT)
 def test_an_env_value_arrives_byte_for_byte(transports: dict[str, Transport], layer: str, value: str) -> None:
-    _avoid_known_local_bug(layer, value)
     result = transports[layer].execute(Command(argv=("printenv", "X"), env=(("X", value),)))
     assert (result.exit_code, result.stderr, result.stdout) == (0, "", value + "\n")
 
@@ -100,14 +92,12 @@ def test_an_env_value_arrives_byte_for_byte(transports: dict[str, Transport], la
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=DIR_NAME)
 def test_a_working_directory_with_any_name_is_entered(transports: dict[str, Transport], dirs: Path, layer: str, name: str) -> None:
-    _avoid_known_local_bug(layer, name)
     path = dirs / name
     path.mkdir(exist_ok=True)  # sshd and the stand-ins run on this machine, so one directory serves every layer
     result = transports[layer].execute(script('printf %s "$PWD"', label="pwd", cwd=str(path)))
     assert (result.exit_code, result.stderr, result.stdout) == (0, "", str(path))
 
 
-@pytest.mark.xfail(strict=True, reason="LocalTransport uses subprocess text=True: universal newlines rewrite \\r to \\n")
 def test_local_transport_keeps_carriage_returns() -> None:
     assert LocalTransport(Host()).execute(script('printf %s "$1"', "a\r\nb\rc", label="echo")).stdout == "a\r\nb\rc"
 
