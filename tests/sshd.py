@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import sys
 import shutil
 import signal
 import socket
@@ -98,7 +99,8 @@ class SSHServer:
         self.set_containers(running=["201", "trainer"], stopped=["202", "stopped-trainer"])
         self.log_path = self.workdir / "sshd.log"
         self.config_path = self.workdir / "sshd_config"
-        path = f"{BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        # The test venv's bin last: it is where this machine's uv lives, as /usr/local/bin would on a GPU host.
+        path = f"{BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{Path(sys.executable).parent}"
         self.config_path.write_text(
             f"""\
 Port {self.port}

@@ -1,0 +1,97 @@
+"""The recovery over SSH, through a container stand-in, exactly as locally; one connection per flow run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sshd import SSHServer, sshd  # noqa: E402,F401  (sshd is a fixture)
+
+from flows.check import check_training  # noqa: E402
+from flows.recover import recover_training  # noqa: E402
+from prefect import flow  # noqa: E402
+
+from relaunch.commands import Command  # noqa: E402
+from relaunch.config import Target  # noqa: E402
+from relaunch.errors import CommandFailed  # noqa: E402
+from relaunch.transport import close_all, run, transport_for  # noqa: E402
+from relaunch.verdicts import Cause, Verdict  # noqa: E402
+from tasks.common import step_task  # noqa: E402
+from tasks.stop import stop  # noqa: E402
+from tests.targets import shell_target  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@pytest.fixture(autouse=True)
+def fresh_connections():
+    close_all()
+    yield
+    close_all()
+
+
+def test_the_whole_recovery_runs_over_ssh_through_a_container_on_one_connection(tmp_path, sshd: SSHServer):
+    sshd.set_containers(running=["200"])
+    target = shell_target(tmp_path, host=sshd.container_host("pct", "200"), env={"EXIT_AT": "2", "EXIT_CODE": "3"})
+    healthy = target.model_copy(update={"env": {}})
+    logins = sshd.accepted_logins()
+    try:
+        first = recover_training(target)  # launches, sees it die with exit 3, escalates after the same failure twice
+        second = recover_training(healthy)
+    finally:
+        stop.fn(healthy)
+    assert [a.verdict for a in first.attempts][:2] == [Verdict.UNKNOWN, Verdict.CRASHED]
+    assert first.attempts[1].cause is Cause.ERROR and "exit code 3" in first.attempts[1].evidence
+    assert second.ok and second.attempts[-1].verdict is Verdict.HEALTHY
+    assert sshd.accepted_logins() - logins == 1, "every step and poll of both flows shared one SSH connection"
+
+
+def test_a_check_through_a_stopped_container_names_host_container_and_command(tmp_path, sshd: SSHServer):
+    sshd.set_containers(stopped=["201"])
+    target = shell_target(tmp_path, host=sshd.container_host("pct", "201"))
+    with pytest.raises(Exception) as err:
+        check_training(target)
+    text = str(err.value)
+    assert "pct 201" in text and "health poll" in text and "exited" in text
+
+
+def test_a_dropped_connection_is_retried_by_prefect_and_a_failed_command_is_not(tmp_path, sshd: SSHServer):
+    target = shell_target(tmp_path, host=sshd.ssh_host())
+    calls: list[str] = []
+
+    @step_task("probe", retries=2)
+    def probe(target: Target, command: str) -> str:
+        calls.append(command)
+        transport = transport_for(target.host)
+        transport.execute(Command(("true",)))  # the connection is up, so sshd has a session process
+        if command == "drop" and len(calls) == 1:
+            # Cut the connection under a running command: the wire fails, not the host.
+            threading.Timer(0.3, os.kill, (sshd_child(sshd), signal.SIGKILL)).start()
+        if command == "drop":
+            command = "sleep 3" if len(calls) == 1 else "true"
+        return run(transport, Command(("bash", "-c", command), label=command)).stdout
+
+    @flow
+    def probe_flow(command: str) -> str:
+        return probe(target, command)
+
+    assert probe_flow("drop") == ""
+    assert calls == ["drop", "drop"], "the dropped connection was retried once"
+    calls.clear()
+    with pytest.raises(CommandFailed, match="exited 4"):
+        probe_flow("exit 4")
+    assert calls == ["exit 4"], "a command that failed on the host is not retried"
+
+
+def sshd_child(server: SSHServer) -> int:
+    """The sshd process serving our connection: the master's child, found by its recorded PID."""
+    master = int((server.workdir / "sshd.pid").read_text())
+    children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    assert children, "no sshd session process"
+    return int(children[-1])
