@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 
@@ -52,8 +56,18 @@ def recover_training(target: Target, force: bool = False) -> Report:
     flow_run = str(run_ctx.flow_run.id) if run_ctx and run_ctx.flow_run else ""
     # Server-side: one recovery per host across all workers (a no-op where no limit exists).
     # Host-side: the lock folder, which also holds with no server at all.
-    with concurrency(host_limit_name(target), occupy=1, strict=False), target_lock(target, flow_run):
+    with host_slot(target), target_lock(target, flow_run):
         return _recover(target, force, report)
+
+
+def host_slot(target: Target) -> AbstractContextManager[object]:
+    """The host's global concurrency slot where the server has that limit (make serve creates it)."""
+    try:
+        with get_client(sync_client=True) as client:
+            client.read_global_concurrency_limit_by_name(host_limit_name(target))
+    except ObjectNotFound:
+        return nullcontext()
+    return concurrency(host_limit_name(target), occupy=1, strict=True)
 
 
 def host_limit_name(target: Target) -> str:

@@ -30,7 +30,7 @@ def test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first(scen
     assert (first.verdict.value, first.cause.value if first.cause else None) == (expected.expected_verdict, expected.expected_cause), report.timeline()
     assert report.ok and report.verdict is Verdict.HEALTHY, report.timeline()
     assert all(a.steps for a in report.attempts[:-1]), "every attempt but the last acted"
-    if scenario != "missing-dependency":
+    if any(step.step == "restore_code" for a in report.attempts for step in a.steps):
         patches = list((Path(target.state_path) / "patches").glob("*.patch"))
         assert patches and "HACK" in patches[0].read_text(), "the hacked model file was saved before the restore"
 

@@ -34,17 +34,14 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     return torch.stack(heads, dim=1)
 
 
-class _Probe(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(x) + 1
-
-
 def _register_graph_hooks() -> None:
     import time
 
+    # Many submodules: tracing them keeps FX's global patches in place most of the time.
+    probe = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(64)])
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        torch.fx.symbolic_trace(_Probe())
+        torch.fx.symbolic_trace(probe)
 
 
 import threading as _threading  # noqa: E402
