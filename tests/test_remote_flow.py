@@ -95,3 +95,41 @@ def sshd_child(server: SSHServer) -> int:
     children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
     assert children, "no sshd session process"
     return int(children[-1])
+
+
+def test_the_demo_target_recovers_over_ssh_through_a_container(tmp_path, sshd: SSHServer):
+    from demo.scenarios import prepare
+
+    sshd.set_containers(running=["200"])
+    local = prepare("missing-dependency", tmp_path / "demo")  # broken and crashed, as the demo does it
+    target = local.model_copy(update={"host": sshd.container_host("pct", "200")})
+    try:
+        report = recover_training(target)
+    finally:
+        stop.fn(target)
+    assert (report.attempts[0].cause, report.attempts[0].package) == (Cause.MISSING_DEPENDENCY, "tinyaccel")
+    assert report.ok, report.timeline()
+
+
+def test_relaunch_check_reads_an_ssh_target_file_and_reports_json(tmp_path, sshd: SSHServer):
+    import json
+    import subprocess
+
+    import yaml
+
+    target = shell_target(tmp_path, host=sshd.container_host("docker", "trainer"))
+    sshd.set_containers(running=["trainer"])
+    from tasks.launch import launch
+
+    launch.fn(target, 1)
+    path = tmp_path / "target.yaml"
+    path.write_text(yaml.safe_dump(target.model_dump(mode="json")))
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
+    env.pop("PREFECT_API_URL", None)
+    try:
+        out = subprocess.run([sys.executable, "-m", "relaunch.cli", "check", str(path), "--json"], capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        stop.fn(target)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    assert report["verdict"] == "healthy" and report["host"].endswith("(docker trainer)")
