@@ -14,23 +14,29 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def build_wheel(source: Path, dest: Path) -> Path:
-    """source is NAME-VERSION/ holding the import package; returns the wheel path."""
-    name, version = source.name.rsplit("-", 1)
+def write_wheel(dest: Path, name: str, version: str, files: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> Path:
+    """A valid pure-Python wheel holding files (path inside the wheel -> bytes)."""
     dist_info = f"{name}-{version}.dist-info"
-    files: dict[str, bytes] = {p.relative_to(source).as_posix(): p.read_bytes() for p in sorted(source.rglob("*.py"))}
+    files = dict(files)
     files[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
     files[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: relaunch-demo\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data in files.items()) + f"{dist_info}/RECORD,,\n"
     files[f"{dist_info}/RECORD"] = record.encode()
     dest.mkdir(parents=True, exist_ok=True)
     wheel = dest / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+    with zipfile.ZipFile(wheel, "w", compression) as zf:
         for path, data in files.items():
             info = zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0))
             info.external_attr = 0o644 << 16
             zf.writestr(info, data)
     return wheel
+
+
+def build_wheel(source: Path, dest: Path) -> Path:
+    """source is NAME-VERSION/ holding the import package; returns the wheel path."""
+    name, version = source.name.rsplit("-", 1)
+    files = {p.relative_to(source).as_posix(): p.read_bytes() for p in sorted(source.rglob("*.py"))}
+    return write_wheel(dest, name, version, files)
 
 
 def build_all(dest: Path) -> list[Path]:

@@ -56,6 +56,9 @@ def recover_training(target: Target, force: bool = False) -> Report:
     flow_run = str(run_ctx.flow_run.id) if run_ctx and run_ctx.flow_run else ""
     # Server-side: one recovery per host across all workers (a no-op where no limit exists).
     # Host-side: the lock folder, which also holds with no server at all.
+    # Preflight only reads: it runs before the lock, so bad input creates nothing at all.
+    pre = preflight(target)
+    report.preflight.append(StepLine(step=pre.step, seconds=pre.seconds, detail=pre.detail))
     with host_slot(target), target_lock(target, flow_run):
         return _recover(target, force, report)
 
@@ -67,7 +70,8 @@ def host_slot(target: Target) -> AbstractContextManager[object]:
             client.read_global_concurrency_limit_by_name(host_limit_name(target))
     except ObjectNotFound:
         return nullcontext()
-    return concurrency(host_limit_name(target), occupy=1, strict=True)
+    # A short lease, renewed while held: a killed orchestrator frees the host within a minute.
+    return concurrency(host_limit_name(target), occupy=1, strict=True, lease_duration=60)
 
 
 def host_limit_name(target: Target) -> str:
@@ -76,8 +80,6 @@ def host_limit_name(target: Target) -> str:
 
 
 def _recover(target: Target, force: bool, report: Report) -> Report:
-    pre = preflight(target)
-    report.preflight.append(StepLine(step=pre.step, seconds=pre.seconds, detail=pre.detail))
     health = check_health(target)
     history = []
     for number in range(1, target.max_attempts + 2):

@@ -118,6 +118,18 @@ def recover(target_file: Path = typer.Argument(..., help="Target YAML."), force:
     raise typer.Exit(0 if report.ok else 1)
 
 
+@app.command("rollback-venv")
+def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target YAML.")) -> None:
+    """Put the previous venv back (the newest VENV.old-*); the current one is kept as VENV.rolled-back-*."""
+    from tasks.rollback_venv import rollback_venv
+
+    try:
+        step = rollback_venv.fn(load_target(target_file))
+    except RelaunchError as exc:
+        _fail(exc)
+    print(f"restored {step.detail['restored_from']}; the replaced venv is kept as {step.detail['rolled_back_to']}")
+
+
 def main() -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -49,7 +49,9 @@ class LocalTransport:
         except OSError as exc:
             raise TransportError(self.host.label, command.display, f"cannot start {argv[0]}: {exc.strerror}", f"check that {argv[0]} is installed on this machine") from exc
         # Bytes, decoded once: text mode would turn \r\n into \n and the output would not be byte for byte.
-        result = Result(proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"), time.monotonic() - start)
+        # A signal death reads as the shell reports it (128 + N), the same as over SSH and in exit-code files.
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        result = Result(code, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"), time.monotonic() - start)
         if timed_out_on_host(result, timeout):
             raise timeout_error(self.host.label, command, timeout)
         return result

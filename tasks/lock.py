@@ -1,7 +1,8 @@
 """One recovery per target at a time, even without a server: a lock folder on the host itself.
 
-mkdir is atomic on every filesystem we meet. The owner file says who holds the lock; a lock whose
-owner process is gone (same machine) or whose heartbeat is older than the stale limit is taken over.
+The owner file says who holds the lock (orchestrator host, PID, flow run). A lock whose owner
+process is gone (checked by the orchestrator on its own machine) or whose heartbeat is older
+than the stale limit is taken over, under flock so that only one racer wins.
 """
 
 from __future__ import annotations
@@ -20,18 +21,23 @@ from tasks.common import execute, log
 STALE_SECONDS = 600
 HEARTBEAT_SECONDS = 60
 
+# Prints "acquired", or "held: OWNER LINE" and the heartbeat age with exit 9. Taking over is decided
+# under flock, so racing recoveries cannot both win: a stale heartbeat, or exactly the owner line the
+# orchestrator found dead (only it can check its own machine's PIDs).
 ACQUIRE = r"""
-lock=$1 owner=$2 me=$3 stale=$4
-mkdir -p "$(dirname "$lock")"
+lock=$1 owner=$2 stale=$3 dead_owner=$4
+mkdir -p "$(dirname "$lock")" || exit 12
+exec 9>>"$lock.guard"
+flock -w 30 9 || { echo "held: (another recovery is taking this lock)"; exit 9; }
 if ! mkdir "$lock" 2>/dev/null; then
-  read -r host pid rest < "$lock/owner" 2>/dev/null
+  current=$(cat "$lock/owner" 2>/dev/null)
   age=$(( $(date +%s) - $(stat -c %Y "$lock/owner" 2>/dev/null || echo 0) ))
-  if [ "$host" = "$me" ] && [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
-    echo "taking over lock of dead orchestrator $host:$pid"
+  if [ -n "$dead_owner" ] && [ "$current" = "$dead_owner" ]; then
+    echo "taking over the lock of a dead orchestrator ($current)"
   elif [ "$age" -gt "$stale" ]; then
-    echo "taking over lock with a heartbeat ${age}s old"
+    echo "taking over a lock whose heartbeat is ${age}s old ($current)"
   else
-    echo "held by: $(cat "$lock/owner" 2>/dev/null) (heartbeat ${age}s ago)"; exit 9
+    echo "held: $current"; echo "heartbeat ${age}s ago"; exit 9
   fi
 fi
 printf '%s\n' "$owner" > "$lock/owner"
@@ -53,16 +59,33 @@ def owner_line(flow_run: str = "") -> str:
     return f"{socket.gethostname()} {os.getpid()} {flow_run or '-'}"
 
 
-def plan_acquire(target: Target, owner: str) -> Command:
-    return script(ACQUIRE, lock_path(target), owner, socket.gethostname(), str(STALE_SECONDS), label="take the target lock")
+def plan_acquire(target: Target, owner: str, dead_owner: str = "") -> Command:
+    return script(ACQUIRE, lock_path(target), owner, str(STALE_SECONDS), dead_owner, label="take the target lock")
+
+
+def dead_local_owner(output: str) -> str:
+    """The holder's owner line if it is an orchestrator on this machine whose PID is gone, else ''."""
+    line = next((x.removeprefix("held: ") for x in output.splitlines() if x.startswith("held: ")), "")
+    parts = line.split()
+    if len(parts) < 2 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return ""
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return line
+    except PermissionError:
+        return ""
+    return ""
 
 
 @contextmanager
 def target_lock(target: Target, flow_run: str = "") -> Iterator[None]:
     owner = owner_line(flow_run)
     result = execute(target, plan_acquire(target, owner), check=False)
+    if result.exit_code == 9 and (dead := dead_local_owner(result.stdout)):
+        result = execute(target, plan_acquire(target, owner, dead), check=False)
     if result.exit_code != 0:
-        raise HostBusy(f"on {target.host.label}: another recovery of {target.name} is running ({result.stdout.strip()}); wait for it, or remove {lock_path(target)} if you are sure it is dead")
+        raise HostBusy(f"on {target.host.label}: another recovery of {target.name} is running ({' '.join(result.stdout.split())}); wait for it, or remove {lock_path(target)} if you are sure it is dead")
     stop = threading.Event()
 
     def beat() -> None:

@@ -166,3 +166,21 @@ def test_preflight_lists_every_problem_before_anything_changes(made):
     text = str(err.value)
     assert "known_good_ref 'no-such-ref'" in text and "missing.lock does not exist" in text and "log_dir /etc/hostname/logs" in text
     assert not Path(t.state_path).exists()
+
+
+def test_relaunch_rollback_venv_puts_the_previous_venv_back_in_one_command(target, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from relaunch.cli import app
+
+    subprocess.run(["uv", "venv", "-q", "--python", target.python, target.venv_dir], check=True)
+    (Path(target.venv_dir) / "mine").write_text("the user's venv")
+    rebuild_venv.fn(target)
+    assert not (Path(target.venv_dir) / "mine").exists()
+    path = tmp_path / "target.yaml"
+    path.write_text(yaml.safe_dump(target.model_dump(mode="json")))
+    result = CliRunner().invoke(app, ["rollback-venv", str(path)])
+    assert result.exit_code == 0, result.output
+    assert (Path(target.venv_dir) / "mine").read_text() == "the user's venv"
+    assert "rolled-back" in result.output

@@ -1,0 +1,54 @@
+"""Undo a venv rebuild with one command: the current venv goes aside, the newest one rebuild_venv kept comes back.
+
+Nothing is deleted: the venv being replaced is kept as `VENV.rolled-back-STAMP`. Only `VENV.old-*` (complete
+venvs that rebuild_venv moved aside) are candidates; a half-built `.incomplete-*` or a `.failed-*` never is.
+"""
+
+from __future__ import annotations
+
+from relaunch.commands import Command, script
+from relaunch.config import Target
+from relaunch.hostscripts import PROC_HELPERS
+from relaunch.runfiles import utc_stamp
+from tasks.common import StepRecord, execute, log, step_task, timed
+from tasks.lock import target_lock
+
+# Refuse under a live trainer (it has the venv's files open); otherwise swap, putting the current one back on failure.
+ROLLBACK = PROC_HELPERS + r"""
+venv=$1 stamp=$2 state=$3
+cur=$(cat "$state/current" 2>/dev/null)
+if [ -n "$cur" ] && read_pid "$state/runs/$cur/pid" pid pstart && alive "$pid" "$pstart"; then
+  echo "trainer of run $cur is alive (PID $pid) and uses $venv: stop it before rolling the venv back"; exit 20
+fi
+old=$(ls -1d -- "$venv".old-* 2>/dev/null | sort | tail -n 1)
+[ -n "$old" ] && [ -d "$old" ] || { echo "no previous venv kept aside ($venv.old-*): nothing to roll back to"; exit 21; }
+if [ -e "$venv" ] || [ -L "$venv" ]; then
+  mv -T -- "$venv" "$venv.rolled-back-$stamp" || { echo "cannot move $venv aside"; exit 22; }
+  echo "kept $venv.rolled-back-$stamp"
+fi
+if ! mv -T -- "$old" "$venv"; then
+  [ -e "$venv.rolled-back-$stamp" ] && mv -T -- "$venv.rolled-back-$stamp" "$venv"
+  echo "cannot move $old into place; $venv is as it was"; exit 23
+fi
+echo "restored $old"
+"""
+
+
+def plan_rollback(target: Target, stamp: str) -> Command:
+    """The one host command of a rollback; every value reaches the script as a positional argument."""
+    return script(ROLLBACK, target.venv_dir, stamp, target.state_path, label="roll the venv back", timeout_seconds=300)
+
+
+def parse_rollback(stdout: str) -> dict[str, str | None]:
+    fields = dict(line.split(" ", 1) for line in stdout.splitlines() if line.startswith(("kept ", "restored ")))
+    return {"restored_from": fields.get("restored"), "rolled_back_to": fields.get("kept")}
+
+
+@step_task("rollback_venv")
+def rollback_venv(target: Target) -> StepRecord:
+    """Put the previous venv back (under the target lock, so never during a recovery); keep the current one aside."""
+    with timed("rollback_venv") as detail, target_lock(target, "rollback-venv"):
+        out = execute(target, plan_rollback(target, utc_stamp()), advice="see the output: stop the trainer first, or there is no previous venv kept aside").stdout
+        detail.update(parse_rollback(out))
+        log().warning("venv %s rolled back to %s; the replaced one is kept as %s", target.venv_dir, detail["restored_from"], detail["rolled_back_to"])
+    return StepRecord(step="rollback_venv", seconds=detail.pop("seconds"), detail=detail)
