@@ -6,7 +6,7 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=$(realpath -m "${1:-$HERE/../../tests/fixtures/logs/cpu}")
-PY=${PY:-/work/main/.venv/bin/python}
+PY=${PY:-$HERE/../../.venv/bin/python}
 TFPY=${TFPY:-/tmp/tfvenv/bin/python}   # venv with torch 2.13.0+cpu + transformers, no accelerate
 mkdir -p "$OUT"; cd "$HERE"
 printf 'file\texit_code\n' > "$OUT/exit_codes.tsv"
