@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo demo-all test bench clean-demo
+.PHONY: setup demo demo-all test serve bench bench-fleet
 
 setup: $(VENV)/.installed $(WHEELS)/.complete
 
@@ -36,5 +36,12 @@ demo-all: setup
 test: setup
 	$(PY) -m pytest -q
 
+# A local control plane: Prefect server (SQLite), work pool, deployments, a worker. Ctrl-C stops it all.
+serve: setup
+	scripts/serve.sh
+
 bench: setup
 	$(PY) bench/detection_latency.py
+
+bench-fleet: setup
+	$(PY) bench/fleet_checks.py

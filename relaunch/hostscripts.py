@@ -78,7 +78,8 @@ for g in "${groups[@]}"; do pids+=("$g" $(members "$g")); done
 [ ${#groups[@]} -gt 0 ] && echo "stopping process groups: ${groups[*]}"
 for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null || kill -TERM "$g" 2>/dev/null; done
 tmux kill-session -t "=$session" 2>/dev/null && echo "killed tmux session $session"
-gone() { for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && return 1; done; return 0; }
+# Zombies count as gone: a reparented supervisor may wait seconds for init to reap it.
+gone() { for p in "${pids[@]}"; do starttime "$p" >/dev/null && return 1; done; return 0; }
 end=$(( $(date +%s) + ${timeout_s%.*} ))
 while ! gone && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
 if ! gone; then

@@ -60,6 +60,8 @@ log={q(log)}
 note() {{ printf '[relaunch] %s run {run_id}: %s\\n' "$(date -u +%FT%TZ)" "$1" >> "$log"; }}
 # A handler (not an ignore) so the trainer still gets default signal handling.
 trap 'true' TERM HUP INT
+s=$(cat "/proc/$$/stat"); s=${{s##*) }}; read -ra f <<< "$s"
+echo "$$ ${{f[19]}}" > "$run_dir/supervisor_pid.tmp" && mv -f "$run_dir/supervisor_pid.tmp" "$run_dir/supervisor_pid"
 cd -- {q(target.repo_dir)} || {{ note "cannot cd to {target.repo_dir}"; echo 126 > "$run_dir/exit_code"; exit 126; }}
 {env_exports(target)}
 note {q("start: " + command)}
@@ -81,11 +83,12 @@ def launcher_script(target: Target, run_id: str) -> str:
     rdir, log = run_dir(target, run_id), log_path(target, run_id)
     return f"""#!/usr/bin/env bash
 # relaunch launcher: target {target.name}, run {run_id}. The pane shows the log; the log is the record.
-setsid bash {q(rdir + '/supervisor.sh')} < /dev/null > /dev/null 2>&1 &
-s=$(cat "/proc/$!/stat" 2>/dev/null); s=${{s##*) }}; read -ra f <<< "$s"
-echo "$! ${{f[19]}}" > {q(rdir + '/supervisor_pid')}
+# setsid -f: the supervisor is nobody's child here, so init reaps it and the pane ends with it.
+setsid -f bash {q(rdir + '/supervisor.sh')} < /dev/null > /dev/null 2>&1
+for _ in $(seq 200); do [ -s {q(rdir + '/supervisor_pid')} ] && break; sleep 0.05; done
+read -r spid _ < {q(rdir + '/supervisor_pid')}
 touch {q(log)}
-exec tail -n +1 -F --pid="$!" {q(log)} 2>/dev/null
+exec tail -n +1 -F --pid="$spid" {q(log)} 2>/dev/null
 """
 
 

@@ -67,6 +67,10 @@ def test_exit_code_is_recorded_and_a_death_ends_the_poll_at_once(made):
     d = poll_until_settled(t).diagnosis
     assert (d.verdict, d.cause) == (Verdict.CRASHED, Cause.ERROR)
     assert "exit code 3" in d.evidence
+    deadline = time.monotonic() + 10
+    while tmux_alive(t.tmux_session) and time.monotonic() < deadline:
+        time.sleep(0.1)  # tail --pid notices within a second
+    assert not tmux_alive(t.tmux_session), "the pane ends with the trainer: nothing lingers"
 
 
 def test_a_trainer_killed_with_its_session_is_a_silent_exit(target):

@@ -1,0 +1,126 @@
+"""How many targets one worker checks per minute: N real trainers in tmux, all healthy, one `check_fleet(recover=False)`.
+
+    .venv/bin/python bench/fleet_checks.py [--sizes 10,25,50] [--max-concurrent 4] [--step-seconds 1]
+
+Starts max(sizes) bash trainers (tests/targets.py's stepper, one tmux session each, one shared repo), waits
+until the youngest has its healthy step lines, then runs check-fleet once per size on the first N targets
+and prints JSON. Uses PREFECT_API_URL when set, else a temporary local server (SQLite). Every trainer it
+started is stopped at the end, by its records. Takes about a minute on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10,25,50", help="Fleet sizes to time, comma-separated.")
+    parser.add_argument("--max-concurrent", default="4", help="check_fleet's max_concurrent; several comma-separated values time each.")
+    parser.add_argument("--step-seconds", type=float, default=1.0, help="Seconds between the fake trainers' step lines.")
+    args = parser.parse_args()
+    sizes = sorted({int(s) for s in args.sizes.split(",")})
+    concurrencies = [int(c) for c in args.max_concurrent.split(",")]
+
+    t0 = time.monotonic()
+    with ExitStack() as stack:
+        if not os.environ.get("PREFECT_API_URL"):
+            from prefect.testing.utilities import prefect_test_harness
+
+            os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="relaunch-bench-prefect-"))
+            stack.enter_context(prefect_test_harness(server_startup_timeout=120))
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relaunch-bench-")))
+        log(f"server up ({time.monotonic() - t0:.1f} s)")
+        targets = make_targets(work, max(sizes), args.step_seconds)
+        stack.callback(stop_all, targets)
+        start = time.monotonic()
+        launch_all(targets)
+        setup_seconds = round(time.monotonic() - start, 1)
+        log(f"{len(targets)} trainers running ({setup_seconds} s)")
+        measure(targets[:2], concurrencies[0])  # warm-up: the first flow run of a process pays for imports and client set-up
+        results = [measure(targets[:n], c) for c in concurrencies for n in sizes]
+        load = round(os.getloadavg()[0], 2)
+    print(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_1m": load}, "launch_seconds": setup_seconds, "step_seconds": args.step_seconds, "results": results}, indent=2))
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def make_targets(work: Path, n: int, step_seconds: float):
+    from tests.targets import shell_target
+
+    base = shell_target(work / "shared", name="bench")  # one repo and lock; each target its own logs, state and session
+    return [
+        base.model_copy(update={"name": f"bench{i:03d}", "tmux_session": f"{base.tmux_session}-{i:03d}", "log_dir": str(work / f"t{i:03d}" / "logs"), "env": {"STEP_SECONDS": str(step_seconds)}})
+        for i in range(n)
+    ]
+
+
+def launch_all(targets) -> None:
+    from tasks.health import collect_snapshot
+    from tasks.launch import launch
+
+    for t in targets:
+        launch.fn(t, 1)
+    youngest, needed = targets[-1], targets[-1].thresholds.healthy_steps
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # long-polls the host; no fixed sleep
+        snap = collect_snapshot(youngest, wait_seconds=1)
+        if sum("step=" in line for line in snap.log_tail) > needed:
+            return
+    raise SystemExit("the trainers never reached their healthy step count")
+
+
+def measure(targets, max_concurrent: int) -> dict:
+    from flows.fleet import check_fleet
+    from relaunch.verdicts import Verdict
+
+    log(f"checking {len(targets)} targets, max_concurrent={max_concurrent}")
+    start = time.monotonic()
+    fleet = check_fleet(targets, recover=False, max_concurrent=max_concurrent)
+    seconds = time.monotonic() - start
+    verdicts = {v.value: sum(r.verdict is v for r in fleet.rows) for v in Verdict if any(r.verdict is v for r in fleet.rows)}
+    polls = [r.polls for r in fleet.rows]
+    return {
+        "targets": len(targets),
+        "max_concurrent": max_concurrent,
+        "seconds": round(seconds, 2),
+        "check_phase_seconds": fleet.check_phase_seconds,
+        "checks_per_minute": round(60 * len(targets) / seconds, 1),
+        "checks_per_minute_check_phase": fleet.checks_per_minute,
+        "round_trips_per_check": round(statistics.mean(polls), 2),
+        "max_round_trips": max(polls),
+        "check_seconds_median": round(statistics.median(r.check_seconds for r in fleet.rows), 3),
+        "verdicts": verdicts,
+    }
+
+
+def stop_all(targets) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relaunch.transport import run, transport_for
+    from tasks.stop import plan_stop
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda t: run(transport_for(t.host), plan_stop(t, 10), check=False), targets))
+
+
+if __name__ == "__main__":
+    main()

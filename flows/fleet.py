@@ -1,0 +1,188 @@
+"""check-fleet: check many targets at once (bounded), then recover the sick ones, one recovery per host at a time.
+
+Checks run in a thread pool of `max_concurrent` task runs; each is one `check_health` (one round trip per
+poll). Sick targets (crashed, stalled, degraded, never launched) are grouped by host; hosts are recovered
+in parallel, the targets of one host one after the other, each as a `recover-training` subflow. The
+subflow itself also takes the host's global concurrency limit (across workers) and the target's lock
+folder on the host (across servers), so a fleet run never races a recovery started elsewhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Annotated
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
+from prefect.task_runners import ThreadPoolTaskRunner
+from pydantic import BaseModel, Field
+
+from flows.check import RECOVERABLE, merge_recovery
+from flows.common import attempt_from
+from flows.recover import host_limit_name, recover_training
+from relaunch.config import Target
+from relaunch.playbook import Action, remedy
+from relaunch.report import Report
+from relaunch.verdicts import Cause, Verdict
+from tasks.common import log
+from tasks.health import HealthResult, check_health
+
+
+class FleetRow(BaseModel):
+    """One target's line in the fleet table."""
+
+    target: str
+    host: str
+    found: Verdict | None = Field(None, description="What the check found (None: the check itself failed).")
+    cause: Cause | None = None
+    action: Action | None = Field(None, description="What the playbook says for what was found.")
+    recovered: bool = Field(False, description="A recover-training subflow ran for this target.")
+    verdict: Verdict | None = Field(None, description="Final verdict: the recovery's if one ran, else the check's.")
+    ok: bool = Field(False, description="Ends healthy or finished (a starting run is not yet ok).")
+    polls: int = Field(0, description="Health round trips the check made.")
+    check_seconds: float = Field(0.0, description="Time the check waited for its verdict to settle.")
+    message: str = ""
+
+
+class FleetReport(BaseModel):
+    """What check-fleet returns and publishes as its table artifact."""
+
+    started_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    finished_at: str | None = None
+    targets: int = 0
+    max_concurrent: int = 1
+    check_phase_seconds: float = Field(0.0, description="Wall time of all checks together.")
+    recovery_phase_seconds: float = 0.0
+    checks_per_minute: float = 0.0
+    rows: list[FleetRow] = Field(default_factory=list)
+    reports: list[Report] = Field(default_factory=list, description="One per target: the check, and the recovery's attempts where one ran.")
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    def summary(self) -> str:
+        count: dict[str, int] = defaultdict(int)
+        for r in self.rows:
+            count[r.verdict.value if r.verdict else "error"] += 1
+        recovered = sum(r.recovered for r in self.rows)
+        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(count.items()))
+        return f"{self.targets} targets: {verdicts}; {recovered} recovered; checks {self.check_phase_seconds:.1f} s ({self.checks_per_minute:.0f}/min)"
+
+
+@task(name="recover-host", task_run_name="recover@{host}", cache_policy=NO_CACHE)
+def recover_host(host: str, targets: list[Target]) -> list[Report | str]:
+    """The sick targets of one host, one recovery after the other; an error is recorded, not raised, so the others still run."""
+    out: list[Report | str] = []
+    for target in targets:
+        try:
+            out.append(recover_training(target))
+        except Exception as exc:  # noqa: BLE001 - one target's failure is a row in the table, not the fleet's end
+            log().error("recovery of %s on %s failed: %s", target.name, host, exc)
+            out.append(f"{type(exc).__name__}: {exc}")
+    return out
+
+
+@flow(name="check-fleet", log_prints=True)
+def check_fleet(
+    targets: list[Target],
+    recover: bool = True,
+    max_concurrent: Annotated[int, Field(ge=1, le=256)] = 4,
+    settle_timeout_seconds: Annotated[float | None, Field(gt=0)] = None,
+) -> FleetReport:
+    """Check every target (at most `max_concurrent` at once); with `recover`, recover the crashed, stalled, degraded and never-launched ones, never two on one host at once."""
+    _refuse_duplicates(targets)
+    fleet = FleetReport(targets=len(targets), max_concurrent=max_concurrent)
+    start = time.monotonic()
+    results = _check_all(targets, max_concurrent, settle_timeout_seconds)
+    fleet.check_phase_seconds = round(time.monotonic() - start, 3)
+    fleet.checks_per_minute = round(60.0 * len(targets) / fleet.check_phase_seconds, 1) if fleet.check_phase_seconds else 0.0
+
+    reports: dict[int, Report] = {}
+    rows: dict[int, FleetRow] = {}
+    for i, (target, result) in enumerate(zip(targets, results)):
+        rows[i], reports[i] = _row_and_report(target, result, recover)
+
+    sick = [i for i, row in rows.items() if recover and row.found in RECOVERABLE]
+    start = time.monotonic()
+    if sick:
+        by_host: dict[str, list[int]] = defaultdict(list)
+        for i in sick:
+            by_host[host_limit_name(targets[i])].append(i)
+        log().info("recovering %d target(s) on %d host(s): %s", len(sick), len(by_host), ", ".join(targets[i].name for i in sick))
+        with ThreadPoolTaskRunner(max_workers=min(max_concurrent, len(by_host))) as runner:
+            futures = {host: runner.submit(recover_host, {"host": host, "targets": [targets[i] for i in idx]}) for host, idx in by_host.items()}
+            for host, future in futures.items():
+                for i, outcome in zip(by_host[host], future.result()):
+                    _apply_recovery(rows[i], reports[i], outcome)
+    fleet.recovery_phase_seconds = round(time.monotonic() - start, 3)
+    fleet.rows = [rows[i] for i in range(len(targets))]
+    fleet.reports = [reports[i] for i in range(len(targets))]
+    fleet.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    log().info("%s", fleet.summary())
+    _publish(fleet)
+    return fleet
+
+
+def _refuse_duplicates(targets: list[Target]) -> None:
+    seen: dict[tuple[str, str], str] = {}
+    for t in targets:
+        key = (t.host.label, t.state_path)
+        if key in seen:
+            raise ValueError(f"targets {seen[key]!r} and {t.name!r} are the same run ({key[1]} on {key[0]}): list each run once")
+        seen[key] = t.name
+
+
+def _check_all(targets: list[Target], max_concurrent: int, settle_timeout_seconds: float | None) -> list[HealthResult | BaseException]:
+    if not targets:
+        return []
+    out: list[HealthResult | BaseException] = []
+    with ThreadPoolTaskRunner(max_workers=min(max_concurrent, len(targets))) as runner:
+        futures = [runner.submit(check_health, {"target": t, "timeout_seconds": settle_timeout_seconds}) for t in targets]
+        for future in futures:
+            try:
+                out.append(future.result())
+            except Exception as exc:  # noqa: BLE001 - an unreachable host is a row, not the end of the fleet check
+                out.append(exc)
+    return out
+
+
+def _row_and_report(target: Target, result: HealthResult | BaseException, recover: bool) -> tuple[FleetRow, Report]:
+    report = Report(target=target.name, host=target.host.label, flow="check-fleet")
+    if isinstance(result, BaseException):
+        message = f"check failed: {type(result).__name__}: {result}"
+        report.message = message
+        return FleetRow(target=target.name, host=target.host.label, message=message), report
+    d = result.diagnosis
+    action, why = remedy(d)
+    acting = recover and d.verdict in RECOVERABLE
+    report.attempts.append(attempt_from(1, result, action, f"recovering through recover-training: {why}" if acting else f"would do: {why}"))
+    report.gpus = result.snapshot.gpus
+    report.finish(d.summary)
+    row = FleetRow(target=target.name, host=target.host.label, found=d.verdict, cause=d.cause, action=action, verdict=d.verdict, ok=report.ok, polls=result.polls, check_seconds=result.seconds, message=d.summary)
+    return row, report
+
+
+def _apply_recovery(row: FleetRow, report: Report, outcome: Report | str) -> None:
+    row.recovered = True
+    if isinstance(outcome, str):
+        row.ok, row.message = False, f"recovery failed: {outcome}"
+        report.message = row.message
+        return
+    merge_recovery(report, outcome)
+    row.verdict, row.ok, row.message = report.verdict, report.ok, report.message
+
+
+def _publish(fleet: FleetReport) -> None:
+    if FlowRunContext.get() is None:
+        return
+    from prefect.artifacts import create_table_artifact
+
+    table = [{k: (v.value if hasattr(v, "value") else v) for k, v in row.model_dump().items()} for row in fleet.rows]
+    try:
+        create_table_artifact(table=table, key="check-fleet", description=fleet.summary()[:500])
+    except Exception as exc:  # the report is also returned and logged
+        log().warning("could not publish the fleet table: %s", exc)

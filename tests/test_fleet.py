@@ -1,0 +1,130 @@
+"""check-fleet on real trainers in tmux, under a real (temporary) Prefect server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.check import check_training
+from flows.fleet import check_fleet
+from relaunch.config import Target
+from relaunch.playbook import Action
+from relaunch.verdicts import Verdict
+from tasks.health import collect_snapshot
+from tasks.launch import launch
+from tests.targets import shell_target, tmux_alive
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def stop_all(*targets: Target) -> None:
+    """Stop every trainer a test started, even when one stop complains, then make sure none is left.
+
+    Zombie-aware: relaunch's STOP waits until `kill -0` fails, which on this sandbox can outlast its
+    timeout while PID 1 is slow to reap; the trainer is gone all the same.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relaunch.transport import run, transport_for
+    from tasks.stop import plan_stop
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda t: run(transport_for(t.host), plan_stop(t, 20), check=False), targets))
+    left = [t.name for t in targets if collect_snapshot(t).pid_alive or tmux_alive(t.tmux_session)]
+    assert not left, f"trainers still running after the stop: {left}"
+
+
+def runs(target: Target) -> list[str]:
+    folder = Path(target.state_path) / "runs"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def current(target: Target) -> str:
+    return (Path(target.state_path) / "current").read_text().strip()
+
+
+def wait_for_exit(target: Target, timeout_seconds: float = 30) -> None:
+    """Long-polls the host (each poll returns the moment the trainer exits)."""
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if collect_snapshot(target, wait_seconds=2).exit_code is not None:
+            return
+    raise AssertionError(f"{target.name} never exited")
+
+
+def fleet_artifact(flow_run_id) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["check-fleet"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+    return asyncio.run(read())
+
+
+def test_a_fleet_check_recovers_only_the_crashed_target_and_leaves_the_healthy_ones_running(tmp_path):
+    healthy = [shell_target(tmp_path / f"ok{i}", name=f"ok{i}") for i in range(3)]
+    sick = shell_target(tmp_path / "sick", name="sick")
+    everyone = [*healthy, sick]
+    try:
+        before = {t.name: launch.fn(t, 1)[0].run_id for t in healthy}
+        # The run crashes for real (exit 3 at step 2); the relaunch, without the fault's environment, keeps running.
+        launch.fn(sick.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}}), 1)
+        wait_for_exit(sick)
+        state = check_fleet(everyone, recover=True, max_concurrent=4, return_state=True)
+        fleet = state.result()
+        alive_after = {t.name: collect_snapshot(t).pid_alive for t in everyone}
+    finally:
+        stop_all(*everyone)
+    rows = {r.target: r for r in fleet.rows}
+    assert rows["sick"].found is Verdict.CRASHED and rows["sick"].recovered, rows["sick"]
+    assert rows["sick"].verdict is Verdict.HEALTHY and rows["sick"].ok, rows["sick"]
+    assert len(runs(sick)) == 2, "the crashed run was relaunched once"
+    for t in healthy:
+        assert rows[t.name].found is Verdict.HEALTHY and not rows[t.name].recovered, rows[t.name]
+        assert runs(t) == [before[t.name]] and current(t) == before[t.name], "a healthy run is left untouched"
+    assert all(alive_after.values()), alive_after
+    report = next(r for r in fleet.reports if r.target == "sick")
+    assert report.attempts[0].verdict is Verdict.CRASHED and report.attempts[-1].verdict is Verdict.HEALTHY
+    assert any(s.step == "launch" for a in report.attempts for s in a.steps)
+    (artifact,) = fleet_artifact(state.state_details.flow_run_id)
+    assert artifact.type == "table" and "sick" in str(artifact.data) and "1 recovered" in artifact.description
+
+
+def test_a_fleet_that_lists_one_run_twice_is_refused_before_any_check(tmp_path):
+    target = shell_target(tmp_path, name="twice")
+    state = check_fleet([target, target.model_copy(update={"name": "again"})], return_state=True)
+    assert state.is_failed()
+    with pytest.raises(ValueError, match="are the same run"):
+        state.result()
+    assert runs(target) == []
+
+
+def test_the_check_with_recover_on_leaves_a_healthy_run_alone(tmp_path):
+    target = shell_target(tmp_path, name="calm")
+    try:
+        run_id = launch.fn(target, 1)[0].run_id
+        report = check_training(target, recover=True)
+        still = collect_snapshot(target).pid_alive
+    finally:
+        stop_all(target)
+    assert [(a.verdict, a.action) for a in report.attempts] == [(Verdict.HEALTHY, Action.NONE)] and report.ok
+    assert runs(target) == [run_id] and still, "no second trainer beside a healthy one"
+
+
+def test_the_check_with_recover_on_recovers_a_crashed_run_and_reports_what_it_did(tmp_path):
+    target = shell_target(tmp_path, name="fallen")
+    try:
+        launch.fn(target.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}}), 1)
+        wait_for_exit(target)
+        report = check_training(target, recover=True)
+    finally:
+        stop_all(target)
+    assert report.attempts[0].verdict is Verdict.CRASHED and report.attempts[0].why.startswith("recovering through recover-training")
+    assert [a.number for a in report.attempts] == list(range(1, len(report.attempts) + 1))
+    assert report.ok and report.verdict is Verdict.HEALTHY and report.flow == "check-training"
+    assert report.message.startswith("check found crashed") and len(runs(target)) == 2
