@@ -60,3 +60,17 @@ def shell_target(tmp_path: Path, name: str = "t", **overrides) -> Target:
 
 def tmux_alive(session: str) -> bool:
     return subprocess.run(["tmux", "has-session", "-t", f"={session}"], capture_output=True).returncode == 0
+
+
+def stop_all(*targets: Target) -> None:
+    """Stop every trainer a test started, even when one stop complains, then check none is left."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relaunch.transport import run, transport_for
+    from tasks.health import collect_snapshot
+    from tasks.stop import plan_stop
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda t: run(transport_for(t.host), plan_stop(t, 20), check=False), targets))
+    left = [t.name for t in targets if collect_snapshot(t).pid_alive or tmux_alive(t.tmux_session)]
+    assert not left, f"trainers still running after the stop: {left}"

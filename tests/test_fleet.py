@@ -15,26 +15,9 @@ from relaunch.playbook import Action
 from relaunch.verdicts import Verdict
 from tasks.health import collect_snapshot
 from tasks.launch import launch
-from tests.targets import shell_target, tmux_alive
+from tests.targets import shell_target, stop_all
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-def stop_all(*targets: Target) -> None:
-    """Stop every trainer a test started, even when one stop complains, then make sure none is left.
-
-    Zombie-aware: relaunch's STOP waits until `kill -0` fails, which on this sandbox can outlast its
-    timeout while PID 1 is slow to reap; the trainer is gone all the same.
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from relaunch.transport import run, transport_for
-    from tasks.stop import plan_stop
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda t: run(transport_for(t.host), plan_stop(t, 20), check=False), targets))
-    left = [t.name for t in targets if collect_snapshot(t).pid_alive or tmux_alive(t.tmux_session)]
-    assert not left, f"trainers still running after the stop: {left}"
 
 
 def runs(target: Target) -> list[str]:
