@@ -74,3 +74,16 @@ def stop_all(*targets: Target) -> None:
         list(pool.map(lambda t: run(transport_for(t.host), plan_stop(t, 20), check=False), targets))
     left = [t.name for t in targets if collect_snapshot(t).pid_alive or tmux_alive(t.tmux_session)]
     assert not left, f"trainers still running after the stop: {left}"
+
+
+def wait_for_exit(target: Target, timeout_seconds: float = 30) -> None:
+    """Long-polls the host: each poll returns the moment the trainer exits."""
+    import time
+
+    from tasks.health import collect_snapshot
+
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if collect_snapshot(target, wait_seconds=2).exit_code is not None:
+            return
+    raise AssertionError(f"{target.name} never exited")

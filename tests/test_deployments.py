@@ -26,9 +26,8 @@ import yaml
 from demo.target import make_target
 from relaunch.config import Host, Target
 from relaunch.playbook import Action
-from tasks.health import collect_snapshot
 from tasks.launch import launch
-from tests.targets import shell_target, stop_all, tmux_alive
+from tests.targets import shell_target, stop_all, wait_for_exit, tmux_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -133,15 +132,6 @@ def plane(tmp_path_factory):
         yield cp
     finally:
         cp.stop()
-
-
-def wait_for_exit(target: Target, timeout_seconds: float = 30) -> None:
-    """Long-polls the host: each poll returns the moment the trainer exits."""
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if collect_snapshot(target, wait_seconds=2).exit_code is not None:
-            return
-    raise AssertionError(f"{target.name} never exited")
 
 
 def read_deployment(plane: ControlPlane, name: str):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from relaunch.playbook import Action
 from relaunch.verdicts import Verdict
 from tasks.health import collect_snapshot
 from tasks.launch import launch
-from tests.targets import shell_target, stop_all
+from tests.targets import shell_target, stop_all, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -27,15 +26,6 @@ def runs(target: Target) -> list[str]:
 
 def current(target: Target) -> str:
     return (Path(target.state_path) / "current").read_text().strip()
-
-
-def wait_for_exit(target: Target, timeout_seconds: float = 30) -> None:
-    """Long-polls the host (each poll returns the moment the trainer exits)."""
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        if collect_snapshot(target, wait_seconds=2).exit_code is not None:
-            return
-    raise AssertionError(f"{target.name} never exited")
 
 
 def fleet_artifact(flow_run_id) -> list:
