@@ -15,7 +15,7 @@ TRAINER = Path(__file__).parent / "trainer"
 PROJECT = Path(__file__).resolve().parent.parent
 GOOD_PINS = {"tinyattn": "1.0.0", "tinyaccel": "1.0.0"}
 # Known-good throughput of the demo on a 2-core machine: 28-56 Ktok/s idle, 9 Ktok/s seen under heavy
-# load; uncompiled 0.9-1.5 Ktok/s. The degraded threshold (0.15 x 30000 = 4500) sits between.
+# load; uncompiled 0.6 Ktok/s idle. The degraded threshold (0.15 x 30000 = 4500) sits between.
 DEMO_BASELINE_TOKENS_PER_SECOND = 30_000.0
 
 

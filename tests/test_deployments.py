@@ -1,8 +1,7 @@
 """relaunch operated through Prefect: scripts/serve.sh brings up a real server (its own PREFECT_HOME, a free
 port), the `relaunch` process pool, the per-host concurrency limit, `prefect deploy --all` from prefect.yaml
 and a real process worker; the tests drive it with the `prefect` CLI and the API, as a person would.
-
-RELAUNCH_SLOW_TESTS=1 also recovers the real demo target through the deployment as deployed (~90 s here).
+The real demo target is prepared by serve.sh and recovered through the deployment as deployed (~90 s here).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from tests.targets import shell_target, stop_all, wait_for_exit, tmux_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-SLOW = os.environ.get("RELAUNCH_SLOW_TESTS") == "1"
 
 
 @dataclass
@@ -108,7 +106,6 @@ def plane(tmp_path_factory):
         "PREFECT_HOME": str(base / "home"),
         "RELAUNCH_SERVE_PORT": str(port),
         "RELAUNCH_DEMO_DIR": str(base / "demo"),
-        "RELAUNCH_SERVE_PREPARE": "1" if SLOW else "0",
         "PREFECT_SERVER_UI_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "1",
     }
@@ -270,7 +267,6 @@ def test_two_recoveries_of_one_target_started_together_leave_exactly_one_trainer
         assert code == 2 and "another recovery of" in stderr, f"the second {second}: {other[0]}"
 
 
-@pytest.mark.skipif(not SLOW, reason="RELAUNCH_SLOW_TESTS=1: recover the real demo target through the deployment (~90 s)")
 def test_the_demo_deployment_recovers_the_prepared_demo_target_as_deployed(plane):
     out = plane.prefect("deployment", "run", "recover-training/demo", "--watch", "--watch-timeout", "400", timeout=420)
     assert out.returncode == 0 and "Flow run finished successfully in 'Completed'" in out.stdout, out.stdout[-3000:]
@@ -282,7 +278,6 @@ def test_serve_stops_its_worker_and_server_on_sigterm(plane):
     start = time.monotonic()
     code = plane.stop()
     assert code == 143 and not alive(plane.server_pid) and not alive(plane.worker_pid), "\n".join(plane.output)
-    if SLOW:
-        assert not tmux_alive("relaunch-demo"), "serve.sh stops the demo trainer a deployment launched"
+    assert not tmux_alive("relaunch-demo"), "serve.sh stops the demo trainer a deployment launched"
     assert any("server" in line and "stopped" in line for line in plane.output), plane.output
     assert time.monotonic() - start < 60

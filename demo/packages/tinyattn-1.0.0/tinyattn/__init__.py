@@ -23,11 +23,10 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
         warnings.warn("tinyattn.causal_attention called without torch.compile(); falling back to the slow reference path")
         _warned = True
     scale = q.shape[-1] ** -0.5
-    heads = []
-    for h in range(q.shape[1]):
-        rows = []
-        for t in range(q.shape[-2]):
-            s = (q[:, h, t : t + 1, :] @ k[:, h, : t + 1, :].transpose(-1, -2)) * scale
-            rows.append(torch.softmax(s, dim=-1) @ v[:, h, : t + 1, :])
-        heads.append(torch.cat(rows, dim=-2))
-    return torch.stack(heads, dim=1)
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            for t in range(q.shape[-2]):
+                s = (q[b, h, t : t + 1] @ k[b, h, : t + 1].transpose(-1, -2)) * scale
+                out[b, h, t : t + 1] = torch.softmax(s, dim=-1) @ v[b, h, : t + 1]
+    return out
