@@ -86,6 +86,13 @@ def rebuild_venv(target: Target) -> StepRecord:
     plan = plan_rebuild(target, stamp)
     progress = Progress(f"{target.name.lower().replace('_', '-').replace('.', '-')}-rebuild-venv", "rebuilding the venv")
     with timed("rebuild_venv") as detail:
+        lock = parse_pins(execute(target, Command(("cat", target.lock_path), label="read lock")).stdout)
+        # What was wrong with the venv being replaced: the incident's drift (transformers 5.8.1
+        # instead of 5.6.0) is exactly this list. A venv that cannot be frozen reports nothing.
+        before = execute(target, plan["freeze"], check=False)
+        detail["old_venv_drift"] = drift(lock, parse_pins(before.stdout)) if before.exit_code == 0 else []
+        if detail["old_venv_drift"]:
+            log().warning("the venv being replaced differed from the lock: %s", "; ".join(detail["old_venv_drift"]))
         progress.update(5, "moving the old venv aside")
         aside = execute(target, plan["move_aside"]).stdout.strip() or "none"
         detail["old_venv"] = aside
@@ -95,7 +102,6 @@ def rebuild_venv(target: Target) -> StepRecord:
             progress.update(30, "installing exactly the lock")
             execute(target, plan["install"], advice="the lock cannot be installed as pinned: fix the lock or the package indexes")
             progress.update(80, "comparing installed versions with the lock")
-            lock = parse_pins(execute(target, Command(("cat", target.lock_path), label="read lock")).stdout)
             installed = parse_pins(execute(target, plan["freeze"]).stdout)
             detail["drift"] = drift(lock, installed)
             detail["packages"] = len(installed)

@@ -132,7 +132,9 @@ def test_restore_saves_uncommitted_edits_as_a_patch_that_reapplies(target):
 
 def test_rebuild_moves_old_venvs_aside_keeps_two_and_reports_drift(target):
     subprocess.run(["uv", "venv", "-q", "--python", target.python, target.venv_dir], check=True)
-    for _ in range(3):
+    first = rebuild_venv.fn(target)
+    assert first.detail["old_venv_drift"] == ["tinyjunk: in lock (0.1.0), not installed"], "what was wrong with the old venv"
+    for _ in range(2):
         step = rebuild_venv.fn(target)
     venvs = sorted(p.name for p in Path(target.venv_dir).parent.glob("venv*"))
     assert venvs[0] == "venv" and len([v for v in venvs if ".old-" in v]) == 2
