@@ -73,5 +73,20 @@ class Report(BaseModel):
         for a in self.attempts:
             parts.append(f"### Attempt {a.number}: {a.verdict.value}\n{a.why}\n\nEvidence:\n```\n" + "\n".join(a.evidence or ["(none)"]) + "\n```")
             if a.steps:
-                parts.append("| step | seconds |\n| --- | --- |\n" + "\n".join(f"| {s.step} | {s.seconds:.1f} |" for s in a.steps))
+                parts.append("| step | seconds | notes |\n| --- | --- | --- |\n" + "\n".join(f"| {s.step} | {s.seconds:.1f} | {_notes(s)} |" for s in a.steps))
         return "\n\n".join(p for p in parts if p)
+
+
+# Step details a person wants in the report: what drifted, where edits were saved, where it resumed.
+NOTABLE = ("old_venv_drift", "drift", "patch", "commit", "checkpoint", "package", "cache_bytes", "pruned", "restored_from")
+
+
+def _notes(step: StepLine) -> str:
+    notes = []
+    for key in NOTABLE:
+        value = step.detail.get(key)
+        if value in (None, [], ""):
+            continue
+        text = "; ".join(map(str, value)) if isinstance(value, list) else str(value)
+        notes.append(f"{key}: {text}")
+    return "<br>".join(notes).replace("|", "\\|")

@@ -8,6 +8,8 @@ Sessions get tests/bin first on PATH (sshd_config SetEnv, OpenSSH >= 7.8), so `p
 SHLVL=1 keeps Debian's bash from sourcing the user's ~/.bashrc for ssh commands (it does when
 SHLVL is unset), so the tests do not depend on, or pay for, this machine's shell start-up files.
 `server.restart()` stops the listener and every connection, then listens again on the same port.
+`SSHServer(..., netns=NAME, hostname=ADDRESS)` runs sshd inside network namespace NAME (`ip netns exec`),
+listening on that namespace's ADDRESS; `env` adds variables to every session's environment.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class SSHServer:
     user: str = field(default_factory=getpass.getuser)
     hostname: str = "127.0.0.1"
     proc: subprocess.Popen[bytes] | None = None
+    netns: str | None = None  # run sshd inside this network namespace (`ip netns exec NAME`)
+    env: dict[str, str] = field(default_factory=dict)  # more variables for every session (SetEnv)
 
     def __post_init__(self) -> None:
         self.host_key = keygen(self.workdir / "ssh_host_ed25519_key")
@@ -101,6 +105,7 @@ class SSHServer:
         self.config_path = self.workdir / "sshd_config"
         # The test venv's bin last: it is where this machine's uv lives, as /usr/local/bin would on a GPU host.
         path = f"{BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{Path(sys.executable).parent}"
+        extra = "".join(f' "{k}={v}"' for k, v in self.env.items())
         self.config_path.write_text(
             f"""\
 Port {self.port}
@@ -120,7 +125,7 @@ X11Forwarding no
 MaxSessions 64
 MaxStartups 64
 LogLevel INFO
-SetEnv "PATH={path}" "RELAUNCH_FAKE_CONTAINERS_FILE={self.containers_file}" SHLVL=1
+SetEnv "PATH={path}" "RELAUNCH_FAKE_CONTAINERS_FILE={self.containers_file}" SHLVL=1{extra}
 """
         )
 
@@ -162,7 +167,10 @@ SetEnv "PATH={path}" "RELAUNCH_FAKE_CONTAINERS_FILE={self.containers_file}" SHLV
         except PermissionError:
             pass
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config_path)], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        argv = [SSHD, "-D", "-e", "-f", str(self.config_path)]
+        if self.netns:
+            argv = ["ip", "netns", "exec", self.netns, *argv]  # exec's sshd in place: proc.pid is still sshd's
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         log.close()
         deadline = time.monotonic() + READY_TIMEOUT
         while True:

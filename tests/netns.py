@@ -1,0 +1,218 @@
+"""Hosts of their own for tests: one Linux network namespace per host, reached through a veth pair.
+
+    with netns_hosts(3) as net:          # net.hosts[i].address is 10.213.i.2 (10.213.i.1 is this side)
+        ...
+        net.down(1)                      # host 1 vanishes from the network: its packets go nowhere
+        net.up(1)
+
+    with fleet_of_hosts(3, tmp_path) as fleet:  # the same, plus an sshd per host on its own address
+        fleet.servers[i].ssh_host()
+
+Host i is namespace `relaunch-<random>-i` with address 10.213.i.2/24 and this machine's end of its link at
+10.213.i.1/24 (when another session already uses those subnets, the next free block of 10.213.x.0/24 is taken).
+Everything is removed on exit, failing test or not, and only what was created here: the namespaces, their veth
+pairs, and the processes left inside our own namespaces. Root is needed (`ip netns add`); `require_netns()` skips
+the test with the reason where it is missing.
+
+`down(i)` takes host i's side of the link down, as a host that loses power or its cable: this machine keeps its
+route to the host, packets to it are dropped and nothing answers, neither on an open connection nor a new one.
+
+The hosts share this machine's file system and process table, so a trainer launched on "host i" is an ordinary
+process here. Each host's sessions get their own tmux server (TMUX_TMPDIR in the host's folder), as separate
+machines would; `kill_tmux()` ends those servers through their own sockets when the test is over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sshd import SSHServer, require_sshd  # noqa: E402
+
+PREFIX = "10.213"
+LOCK = Path("/tmp/relaunch-netns.lock")  # held while subnets are chosen and taken, across sessions
+
+
+def require_netns() -> None:
+    """Skip unless this machine can make network namespaces: `ip` (iproute2) present and we are root."""
+    if shutil.which("ip") is None:
+        pytest.skip("`ip` (iproute2) is missing: install it (apt-get install -y iproute2) to test hosts in network namespaces")
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (`ip netns add`); run the tests as root to test hosts in namespaces")
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` exited {out.returncode}: {out.stderr.strip()}")
+    return out
+
+
+@dataclass
+class NetnsHost:
+    index: int
+    netns: str
+    root_veth: str  # this machine's end of the link
+    host_veth: str  # the host's end, inside its namespace
+    subnet: int  # the third octet: 10.213.<subnet>.0/24
+
+    @property
+    def address(self) -> str:
+        return f"{PREFIX}.{self.subnet}.2"
+
+    @property
+    def gateway(self) -> str:
+        return f"{PREFIX}.{self.subnet}.1"
+
+
+
+@dataclass
+class NetnsHosts:
+    hosts: list[NetnsHost] = field(default_factory=list)
+    gone: set[int] = field(default_factory=set)  # hosts whose link is down now
+
+    def __getitem__(self, i: int) -> NetnsHost:
+        return self.hosts[i]
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def down(self, i: int) -> None:
+        """Host i goes away: its end of the link goes down; nothing it had open is told."""
+        ip("-n", self.hosts[i].netns, "link", "set", "dev", self.hosts[i].host_veth, "down")
+        self.gone.add(i)
+
+    def up(self, i: int) -> None:
+        """Host i is back on the network (its processes never stopped)."""
+        h = self.hosts[i]
+        ip("-n", h.netns, "link", "set", "dev", h.host_veth, "up")
+        self.gone.discard(i)
+        # The address comes back with the link; wait until this side has its route and carrier again.
+        deadline = time.monotonic() + 10
+        while "linkdown" in ip("-4", "route", "show", "dev", h.root_veth).stdout or "NO-CARRIER" in ip("-o", "link", "show", "dev", h.root_veth).stdout:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{h.root_veth} has no carrier 10 s after {h.host_veth} came up")
+            time.sleep(0.02)
+
+
+def _subnets_in_use() -> set[int]:
+    text = ip("-4", "-o", "addr", "show").stdout + ip("-4", "route", "show", "table", "all").stdout
+    return {int(m) for m in re.findall(rf"\b{re.escape(PREFIX)}\.(\d+)\.", text)}
+
+
+def _free_block(n: int) -> int:
+    used = _subnets_in_use()
+    for base in range(0, 256 - n + 1):
+        if not used & set(range(base, base + n)):
+            return base
+    raise RuntimeError(f"no {n} free subnets left in {PREFIX}.0.0/16")
+
+
+def _remove(host: NetnsHost) -> list[str]:
+    """Everything made for one host; returns what could not be removed."""
+    problems: list[str] = []
+    # Processes still inside our namespace were started there by this test (through its sshd): end them by id.
+    pids = ip("netns", "pids", host.netns, check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    # Deleting one end of a veth pair deletes both.
+    if ip("link", "show", "dev", host.root_veth, check=False).returncode == 0:
+        out = ip("link", "del", "dev", host.root_veth, check=False)
+        if out.returncode != 0:
+            problems.append(f"veth {host.root_veth}: {out.stderr.strip()}")
+    if host.netns in ip("netns", "list", check=False).stdout.split():
+        out = ip("netns", "del", host.netns, check=False)
+        if out.returncode != 0:
+            problems.append(f"netns {host.netns}: {out.stderr.strip()}")
+    return problems
+
+
+@contextmanager
+def netns_hosts(n: int) -> Iterator[NetnsHosts]:
+    """n hosts, each in its own namespace with its own address; all removed on exit."""
+    require_netns()
+    tag = uuid.uuid4().hex[:6]
+    net = NetnsHosts()
+    try:
+        with LOCK.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another session choosing subnets waits until ours exist
+            base = _free_block(n)
+            for i in range(n):
+                # Interface names are at most 15 characters: rl<tag>r<i> / rl<tag>h<i>.
+                host = NetnsHost(i, f"relaunch-{tag}-{i}", f"rl{tag}r{i}", f"rl{tag}h{i}", base + i)
+                ip("netns", "add", host.netns)
+                net.hosts.append(host)
+                ip("link", "add", host.root_veth, "type", "veth", "peer", "name", host.host_veth, "netns", host.netns)
+                ip("addr", "add", f"{host.gateway}/24", "dev", host.root_veth)
+                ip("link", "set", "dev", host.root_veth, "up")
+                ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.host_veth)
+                ip("-n", host.netns, "link", "set", "dev", host.host_veth, "up")
+                ip("-n", host.netns, "link", "set", "dev", "lo", "up")
+            for i in range(n):
+                net.up(i)  # waits for the carrier on this side
+        yield net
+    finally:
+        problems = [p for host in net.hosts for p in _remove(host)]
+        if problems:
+            raise RuntimeError("could not clean up the test's network namespaces: " + "; ".join(problems))
+
+
+@dataclass
+class Fleet:
+    """Hosts in namespaces, each with its own sshd on its own address."""
+
+    net: NetnsHosts
+    servers: list[SSHServer]
+    tmux_dirs: list[Path]
+
+    def down(self, i: int) -> None:
+        self.net.down(i)
+
+    def up(self, i: int) -> None:
+        self.net.up(i)
+
+    def kill_tmux(self) -> None:
+        """End each host's own tmux server through its socket (never another tmux server on this machine)."""
+        for folder in self.tmux_dirs:
+            for socket in folder.glob("tmux-*/*"):
+                subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True, timeout=10)
+
+
+@contextmanager
+def fleet_of_hosts(n: int, workdir: Path) -> Iterator[Fleet]:
+    """n hosts in namespaces, each running sshd on 10.213.i.2 with its own keys and known_hosts; all gone on exit."""
+    require_sshd()
+    with netns_hosts(n) as net, ExitStack() as stack:
+        fleet = Fleet(net, [], [])
+        for host in net.hosts:
+            folder = workdir / f"sshd-{host.index}"
+            folder.mkdir(parents=True)
+            # A short path of its own: a tmux socket's path must fit in 108 bytes.
+            tmux_dir = Path(tempfile.mkdtemp(prefix="relaunch-tmux-"))
+            stack.callback(shutil.rmtree, tmux_dir, True)
+            fleet.tmux_dirs.append(tmux_dir)
+            server = SSHServer(folder, hostname=host.address, netns=host.netns, env={"TMUX_TMPDIR": str(tmux_dir)})
+            stack.callback(server.stop)
+            server.start()
+            fleet.servers.append(server)
+        stack.callback(fleet.kill_tmux)  # runs before the sshds stop
+        stack.callback(lambda: [net.up(i) for i in sorted(net.gone)])  # and this first of all
+        yield fleet
