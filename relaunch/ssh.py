@@ -251,12 +251,21 @@ class SSHTransport:
             _close_quietly(conn)
             raise TransportError(
                 h.label, command.display, f"cannot connect: {_reason(exc)}",
-                f"check that sshd is running on {h.hostname} and listening on port {h.port}",
+                f"check that {h.hostname} is up and reachable, and that sshd listens on port {h.port}",
             ) from exc
         conn.transport.set_keepalive(KEEPALIVE_SECONDS)
         if isinstance(conn.transport.sock, socket.socket):
             # paramiko leaves Nagle on, so each channel open/exec waits out a delayed ACK (~40 ms per command on Linux).
-            conn.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock = conn.transport.sock
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # A host that vanishes mid-command must be noticed in seconds, not after TCP's ~15 minutes of
+            # retries: probe an idle link and give up on unacknowledged data (paramiko's keepalive expects no reply).
+            dead_after = max(1, int(h.connect_timeout_seconds))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, dead_after)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, dead_after)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 3 * dead_after * 1000)
         log.info("connected to %s", self._where)
         return conn
 
@@ -319,6 +328,10 @@ def _close_quietly(conn: Connection) -> None:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, ThreadException) and exc.exceptions:
         exc = exc.exceptions[0].value
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError) and exc.errors:
+        # paramiko folds the socket errors into "[Errno None]"; the first real one says what happened.
+        first = next(iter(exc.errors.values()))
+        return first.strerror or str(first)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 

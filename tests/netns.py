@@ -16,10 +16,13 @@ the test with the reason where it is missing.
 
 `down(i)` takes host i's side of the link down, as a host that loses power or its cable: this machine keeps its
 route to the host, packets to it are dropped and nothing answers, neither on an open connection nor a new one.
+(Taking this machine's side down instead would drop its route, and packets for 10.213.i.2 would follow the
+default route out of the machine.)
 
 The hosts share this machine's file system and process table, so a trainer launched on "host i" is an ordinary
-process here. Each host's sessions get their own tmux server (TMUX_TMPDIR in the host's folder), as separate
-machines would; `kill_tmux()` ends those servers through their own sockets when the test is over.
+process here. Each host's sessions get a tmux server of their own (TMUX_TMPDIR, a short temporary folder per host),
+as separate machines would; `Fleet.kill_tmux()` ends those servers through their own sockets when the test is over,
+so a namespace never outlives the test through a tmux server, and no other tmux server on this machine is touched.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sshd import SSHServer, require_sshd  # noqa: E402
+from sshd import SSHServer, require_sshd
 
 PREFIX = "10.213"
 LOCK = Path("/tmp/relaunch-netns.lock")  # held while subnets are chosen and taken, across sessions
@@ -57,7 +60,7 @@ def require_netns() -> None:
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(["ip", *args], check=False, capture_output=True, text=True, timeout=30)
     if check and out.returncode != 0:
         raise RuntimeError(f"`ip {' '.join(args)}` exited {out.returncode}: {out.stderr.strip()}")
     return out
@@ -117,7 +120,7 @@ def _subnets_in_use() -> set[int]:
 
 def _free_block(n: int) -> int:
     used = _subnets_in_use()
-    for base in range(0, 256 - n + 1):
+    for base in range(256 - n + 1):
         if not used & set(range(base, base + n)):
             return base
     raise RuntimeError(f"no {n} free subnets left in {PREFIX}.0.0/16")
@@ -193,7 +196,7 @@ class Fleet:
         """End each host's own tmux server through its socket (never another tmux server on this machine)."""
         for folder in self.tmux_dirs:
             for socket in folder.glob("tmux-*/*"):
-                subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True, timeout=10)
+                subprocess.run(["tmux", "-S", str(socket), "kill-server"], check=False, capture_output=True, timeout=10)
 
 
 @contextmanager
