@@ -2,7 +2,8 @@
 
 The device machine has no Prefect; relaunch's host side is bash, so its exact commands are rendered
 here (the same `host_argv` the transports use) and run there. Outputs come back as fixtures.
-Usage: python bench/gpu_host_check/make_run.py > bench/gpu_host_check/run.sh
+Usage: .venv/bin/python bench/gpu_host_check/make_run.py > bench/gpu_host_check/run.sh
+then, on the GPU machine: bash bench/gpu_host_check/run.sh (run.sh is generated, never committed).
 """
 
 from __future__ import annotations
