@@ -32,10 +32,19 @@ def write_wheel(dest: Path, name: str, version: str, files: dict[str, bytes], co
     return wheel
 
 
+def _sources(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.suffix == ".py"}
+
+
 def build_wheel(source: Path, dest: Path) -> Path:
-    """source is NAME-VERSION/ holding the import package; returns the wheel path."""
+    """source is NAME-VERSION/ holding the import package; returns the wheel path.
+
+    A BASE file names another release whose files this one starts from (a release adds to the last).
+    """
     name, version = source.name.rsplit("-", 1)
-    files = {p.relative_to(source).as_posix(): p.read_bytes() for p in sorted(source.rglob("*.py"))}
+    base = source / "BASE"
+    files = _sources(PACKAGES / base.read_text().strip()) if base.exists() else {}
+    files.update(_sources(source))
     return write_wheel(dest, name, version, files)
 
 

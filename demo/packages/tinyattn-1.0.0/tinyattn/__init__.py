@@ -1,10 +1,13 @@
 """tinyattn 1.0.0: causal attention for the demo trainer (the known-good release)."""
 
+import importlib
+import importlib.util
 import warnings
+from importlib.metadata import version
 
 import torch
 
-__version__ = "1.0.0"
+__version__ = version("tinyattn")
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -30,3 +33,9 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
                 s = (q[b, h, t : t + 1] @ k[b, h, : t + 1].transpose(-1, -2)) * scale
                 out[b, h, t : t + 1] = torch.softmax(s, dim=-1) @ v[b, h, : t + 1]
     return out
+
+
+# Extensions a release may ship beside the core (1.0.0 ships none; 1.1.0 adds _graph_hooks).
+for _extension in ("_graph_hooks",):
+    if importlib.util.find_spec(f"{__name__}.{_extension}"):
+        importlib.import_module(f"{__name__}.{_extension}")
