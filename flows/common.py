@@ -6,7 +6,7 @@ from prefect.context import FlowRunContext
 
 from relaunch.playbook import Action
 from relaunch.report import Attempt, Report
-from tasks.common import log
+from tasks.common import artifact_key, log
 from tasks.health import HealthResult
 
 
@@ -15,9 +15,8 @@ def attempt_from(number: int, health: HealthResult, action: Action, why: str) ->
     return Attempt(number=number, verdict=d.verdict, cause=d.cause, package=d.package, summary=d.summary, action=action, why=why, evidence=d.evidence, metrics=d.metrics)
 
 
-def artifact_key(report: Report) -> str:
-    safe = "".join(c if c.isalnum() else "-" for c in report.target.lower())
-    return f"{report.flow}-{safe}"
+def report_key(report: Report) -> str:
+    return artifact_key(report.flow, report.target)
 
 
 def publish(report: Report) -> None:
@@ -27,8 +26,8 @@ def publish(report: Report) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     try:
-        create_markdown_artifact(markdown=report.markdown(), key=artifact_key(report), description=f"{report.verdict.value if report.verdict else 'none'}: {report.message}"[:500])
+        create_markdown_artifact(markdown=report.markdown(), key=report_key(report), description=f"{report.verdict.value if report.verdict else 'none'}: {report.message}"[:500])
         if report.gpus:
-            create_table_artifact(table=[g.model_dump() for g in report.gpus], key=artifact_key(report) + "-gpus", description="GPU memory and utilisation at the last poll")
+            create_table_artifact(table=[g.model_dump() for g in report.gpus], key=report_key(report) + "-gpus", description="GPU memory and utilisation at the last poll")
     except Exception as exc:  # the report is also returned and logged: an artifact failure must not fail the flow
         log().warning("could not publish artifacts: %s", exc)

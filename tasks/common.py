@@ -70,6 +70,11 @@ def timed(step: str) -> Iterator[dict[str, Any]]:
     detail["seconds"] = round(time.monotonic() - start, 3)
 
 
+def artifact_key(*parts: str) -> str:
+    """Prefect artifact keys take lowercase letters, digits and dashes only."""
+    return "-".join("".join(c if c.isalnum() else "-" for c in part.lower()) for part in parts)
+
+
 class Progress:
     """A Prefect progress artifact for long steps; silent outside a run."""
 

@@ -14,7 +14,7 @@ from relaunch.runfiles import parse_snapshot
 from relaunch.snapshot import HealthSnapshot
 from relaunch.verdicts import Verdict
 from tasks.common import Progress as ProgressArtifact
-from tasks.common import execute, log, step_task
+from tasks.common import artifact_key, execute, log, step_task
 
 TAIL_LINES = 200
 
@@ -40,7 +40,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
     t = target.thresholds
     deadline = time.monotonic() + (timeout_seconds if timeout_seconds is not None else t.settle_timeout_seconds)
     start, progress, polls, last = time.monotonic(), Progress(), 0, None
-    bar = ProgressArtifact(f"{target.name.lower().replace('_', '-').replace('.', '-')}-health", "waiting for the verdict to settle")
+    bar = ProgressArtifact(artifact_key(target.name, "health"), "waiting for the verdict to settle")
     while True:
         wait = 0 if polls == 0 else min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
         snap = collect_snapshot(target, wait)

@@ -7,7 +7,7 @@ import re
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.runfiles import utc_stamp
-from tasks.common import Progress, StepRecord, execute, log, step_task, timed
+from tasks.common import Progress, StepRecord, artifact_key, execute, log, step_task, timed
 
 BUILDING_MARKER = ".relaunch-building"
 
@@ -84,7 +84,7 @@ def drift(lock: dict[str, str], installed: dict[str, str]) -> list[str]:
 def rebuild_venv(target: Target) -> StepRecord:
     stamp = utc_stamp()
     plan = plan_rebuild(target, stamp)
-    progress = Progress(f"{target.name.lower().replace('_', '-').replace('.', '-')}-rebuild-venv", "rebuilding the venv")
+    progress = Progress(artifact_key(target.name, "rebuild-venv"), "rebuilding the venv")
     with timed("rebuild_venv") as detail:
         lock = parse_pins(execute(target, Command(("cat", target.lock_path), label="read lock")).stdout)
         # What was wrong with the venv being replaced: the incident's drift (transformers 5.8.1

@@ -8,7 +8,7 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import ConfigError
 from relaunch.runfiles import trainer_env
-from tasks.common import Progress, StepRecord, execute, step_task, timed
+from tasks.common import Progress, StepRecord, artifact_key, execute, step_task, timed
 
 WARMUP_TIMEOUT_SECONDS = 3 * 3600
 
@@ -47,7 +47,7 @@ def plan_warm(target: Target) -> dict[str, Command]:
 @step_task("warm_cache", retries=1)
 def warm_cache(target: Target) -> StepRecord:
     plan = plan_warm(target)
-    progress = Progress(f"{target.name.lower().replace('_', '-').replace('.', '-')}-warm-cache", "warming the compile cache")
+    progress = Progress(artifact_key(target.name, "warm-cache"), "warming the compile cache")
     with timed("warm_cache") as detail:
         progress.update(5, f"clearing {target.inductor_cache_dir}")
         detail["cleared_bytes"] = int(execute(target, plan["clear"]).stdout.split()[-1])
