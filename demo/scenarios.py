@@ -72,9 +72,10 @@ def prepare(scenario: str, work: Path) -> Target:
     say(f"hacking model.py: {hack[1].splitlines()[0]}")
     model = Path(target.repo_dir) / "model.py"
     model.write_text(model.read_text().replace(*hack, 1))
-    stale = Path(target.inductor_cache_dir) / "stale"
+    # Laid out as inductor lays out its cache (code in two-character hash folders), from another build.
+    stale = Path(target.inductor_cache_dir) / "zz"
     stale.mkdir(parents=True)
-    (stale / "kernel.so").write_bytes(b"stale kernel from another torch build\n")
+    (stale / "czzstale.so").write_bytes(b"stale kernel from another torch build\n")
     BREAKERS.get(scenario, lambda t: None)(target)
     return target
 

@@ -13,13 +13,14 @@ from prefect.context import FlowRunContext
 from flows.common import attempt_from, publish
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
-from relaunch.playbook import STEPS, Action, Step, choose_action
+from relaunch.playbook import Action, Step, choose_action, steps_for
 from relaunch.report import Report, StepLine
 from relaunch.verdicts import Verdict
 from tasks.common import log
 from tasks.health import HealthResult, check_health
 from tasks.install_package import install_package
 from tasks.launch import launch
+from tasks.leftovers import stop_leftovers
 from tasks.lock import target_lock
 from tasks.preflight import preflight
 from tasks.rebuild_venv import rebuild_venv
@@ -30,7 +31,7 @@ from tasks.warm_cache import warm_cache
 
 def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepLine], str | None]:
     steps, run_id = [], None
-    for step in STEPS[action]:
+    for step in steps_for(action, health.snapshot.unfinished_steps):
         if step is Step.STOP:
             record = stop(target)
         elif step is Step.REBUILD_VENV:
@@ -60,6 +61,8 @@ def recover_training(target: Target, force: bool = False) -> Report:
     pre = preflight(target)
     report.preflight.append(StepLine(step=pre.step, seconds=pre.seconds, detail=pre.detail))
     with host_slot(target), target_lock(target, flow_run):
+        left = stop_leftovers(target)
+        report.preflight.append(StepLine(step=left.step, seconds=left.seconds, detail=left.detail))
         return _recover(target, force, report)
 
 
@@ -84,7 +87,8 @@ def _recover(target: Target, force: bool, report: Report) -> Report:
     history = []
     for number in range(1, target.max_attempts + 2):
         actions_taken = number - 1
-        action, why = choose_action(health.diagnosis, history, target.max_attempts - actions_taken, force=force and number == 1)
+        left = target.max_attempts - actions_taken
+        action, why = choose_action(health.diagnosis, history, left, force=force and number == 1, unfinished=health.snapshot.unfinished_steps)
         attempt = attempt_from(number, health, action, why)
         report.attempts.append(attempt)
         report.gpus = health.snapshot.gpus

@@ -70,18 +70,22 @@ def diagnose(
     as_json: bool = typer.Option(False, "--json", help="Print verdict, cause, package, evidence, metrics as JSON."),
 ) -> None:
     """Diagnose a saved log: what a person runs on the log of a run that died last night."""
+    import time
+
     from relaunch.diagnosis import diagnose as judge
+    from relaunch.logtext import read_log
     from relaunch.snapshot import HealthSnapshot
 
     try:
-        lines = log.read_text(errors="replace").splitlines()
-        kernel = dmesg.read_text(errors="replace").splitlines() if dmesg else []
+        # Bounded reads: what the host's poll sends (earliest failures, the tail), whatever the log's size.
+        excerpt = read_log(log)
+        kernel = read_log(dmesg, max_matches=0).tail if dmesg else []
+    except RelaunchError as exc:
+        _fail(exc)
     except OSError as exc:
         _fail(RelaunchError(f"cannot read {exc.filename}: {exc.strerror}"))
-    import time
-
-    quiet = seconds_since_log_write if seconds_since_log_write is not None else max(0.0, time.time() - log.stat().st_mtime)
-    snap = HealthSnapshot(host="(saved log)", launched=True, pid_alive=running, exit_code=None if running else exit_code, log_tail=lines[-400:], log_matches=lines[:-400], kernel_lines=kernel, seconds_since_launch=1e9 if running else None, seconds_since_log_write=quiet, log_size_bytes=log.stat().st_size)
+    quiet = seconds_since_log_write if seconds_since_log_write is not None else max(0.0, time.time() - excerpt.mtime)
+    snap = HealthSnapshot(host="(saved log)", launched=True, pid_alive=running, exit_code=None if running else exit_code, log_tail=excerpt.tail, log_matches=excerpt.matches, kernel_lines=kernel, seconds_since_launch=1e9 if running else None, seconds_since_log_write=quiet, log_size_bytes=excerpt.size_bytes)
     thresholds = Thresholds(baseline_tokens_per_second=baseline_tokens_per_second)
     d = judge(snap, thresholds)
     if as_json:

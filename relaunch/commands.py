@@ -23,6 +23,9 @@ class Command:
     cwd: str | None = None
     timeout_seconds: float | None = None
     label: str = ""
+    # Folder where the host records this command while it runs (PID, start time, process group), so
+    # the next recovery can stop what a killed orchestrator left running. None: not recorded.
+    track_in: str | None = None
 
     def shell(self) -> str:
         """The command as one string for `bash -c` (the innermost layer)."""
@@ -81,6 +84,8 @@ def host_argv(command: Command, container: Container | None, timeout_seconds: fl
     if len(shell.encode()) > MAX_COMMAND_BYTES:
         raise CommandTooLong(f"`{command.display}` is {len(shell.encode())} bytes; the limit is {MAX_COMMAND_BYTES}: send large data as a file")
     inner = ["bash", "--noprofile", "--norc", "-c", shell]
+    if command.track_in:
+        inner = ["bash", "--noprofile", "--norc", "-c", TRACK, "relaunch-track", command.track_in, _slug(command.label), *inner]
     if timeout_seconds:
         inner = ["timeout", "-k", "10", str(math.ceil(timeout_seconds)), *inner]
     if container is None:
@@ -88,6 +93,24 @@ def host_argv(command: Command, container: Container | None, timeout_seconds: fl
     if container.kind == "pct":
         return ["pct", "exec", container.id, "--", *inner]
     return ["docker", "exec", "-i", container.id, *inner]
+
+
+# Inside `timeout` (which leads its own process group): record PID, start time and group while the
+# command runs. A SIGKILLed orchestrator cannot stop the command; the record lets the next one.
+TRACK = r"""
+dir=$1 name=$2; shift 2
+mkdir -p -- "$dir" || exit 125
+rec="$dir/$name.$$"
+s=$(cat "/proc/$$/stat"); s=${s##*) }; read -ra f <<< "$s"
+printf '%s %s %s %s\n' "$$" "${f[19]}" "${f[2]}" "${f[1]}" > "$rec"
+"$@"; code=$?
+rm -f -- "$rec"
+exit "$code"
+"""
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label)[:60] or "command"
 
 
 @dataclass(frozen=True)

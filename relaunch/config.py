@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
+import stat
+from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from relaunch.errors import ConfigError
+from relaunch.paths import (
+    check_cache_dir_is_dedicated,
+    check_clean_text,
+    check_host_path,
+    check_relative_path,
+    check_resume_arg,
+    check_venv_dir_is_dedicated,
+)
 
-ABSOLUTE = "must be an absolute path on the host"
-
-
-def _absolute(value: str) -> str:
-    if not PurePosixPath(value).is_absolute():
-        raise ValueError(f"{value!r} {ABSOLUTE}")
-    return value
+# A target file is a few KiB; a bound keeps a hostile one from exhausting the parser.
+MAX_TARGET_FILE_BYTES = 1 << 20
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf/nan are never a sensible threshold: `min_free_disk_gb: .inf` would refuse every host.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class Container(_Model):
@@ -46,6 +52,11 @@ class Host(_Model):
     command_timeout_seconds: float = Field(600.0, gt=0, description="Default limit for one remote command.")
     container: Container | None = Field(None, description="Run every command inside this container.")
 
+    @field_validator("hostname", "user", "known_hosts_path", "key_path", "passphrase_secret_block")
+    @classmethod
+    def _no_control_characters(cls, value: str | None) -> str | None:
+        return None if value is None else check_clean_text(value)
+
     @property
     def label(self) -> str:
         where = "local" if self.kind == "local" else f"{self.user}@{self.hostname}:{self.port}"
@@ -56,7 +67,7 @@ class Thresholds(_Model):
     """When a run is starting, healthy, degraded or stalled."""
 
     startup_grace_seconds: float = Field(900.0, ge=0, description="Before the first step line, a live trainer is `starting` for this long (the incident's start-up took well over 7 minutes).")
-    poll_interval_seconds: float = Field(5.0, gt=0, description="Longest wait between two health polls; a death is noticed sooner through the exit-code file.")
+    poll_interval_seconds: float = Field(5.0, ge=0.1, description="Longest wait between two health polls (fractions honoured); a death is noticed sooner through the exit-code file.")
     settle_timeout_seconds: float = Field(1800.0, gt=0, description="Give up waiting for a settled verdict after this long.")
     healthy_steps: int = Field(3, ge=1, description="Step lines after launch needed to call a run healthy.")
     stall_window_floor_seconds: float = Field(300.0, gt=0, description="A live run with no new step line for this long (or 10x its step interval, if longer) is stalled.")
@@ -67,12 +78,25 @@ class Thresholds(_Model):
     step_pattern: str = Field(r"\bstep[=: ]\s*(?P<step>\d+)", description="Regex with a named group `step` that finds a step line.")
     expected_gpus: int = Field(0, ge=0, description="GPUs the trainer should use; 0 where there are none (the demo).")
 
-    @field_validator("throughput_pattern", "step_pattern")
+    @field_validator("step_pattern")
     @classmethod
-    def _compiles(cls, value: str | None) -> str | None:
-        if value is not None:
-            re.compile(value)
-        return value
+    def _step_pattern(cls, value: str) -> str:
+        return _pattern_with_group(value, "step")
+
+    @field_validator("throughput_pattern")
+    @classmethod
+    def _throughput_pattern(cls, value: str | None) -> str | None:
+        return None if value is None else _pattern_with_group(value, "value")
+
+
+def _pattern_with_group(value: str, group: str) -> str:
+    try:
+        compiled = re.compile(value)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise ValueError(f"not a valid regular expression: {exc}") from None
+    if group not in compiled.groupindex:
+        raise ValueError(f"needs a named group (?P<{group}>...)")
+    return value
 
 
 class Target(_Model):
@@ -104,21 +128,65 @@ class Target(_Model):
     keep_old_venvs: int = Field(2, ge=1, description="Old venvs kept aside; older ones are the only thing relaunch ever removes.")
     thresholds: Thresholds = Field(default_factory=Thresholds, description="Health thresholds.")
 
-    @field_validator("repo_dir", "venv_dir", "log_dir", "inductor_cache_dir")
+    @field_validator("repo_dir", "venv_dir", "log_dir", "inductor_cache_dir", "checkpoint_dir", "state_dir")
     @classmethod
-    def _absolute_paths(cls, value: str) -> str:
-        return _absolute(value)
+    def _host_paths(cls, value: str | None) -> str | None:
+        return None if value is None else check_host_path(value)
 
-    @field_validator("checkpoint_dir", "state_dir")
+    @field_validator("lock_file", "python")
     @classmethod
-    def _optional_absolute(cls, value: str | None) -> str | None:
-        return None if value is None else _absolute(value)
+    def _file_names(cls, value: str) -> str:
+        return check_clean_text(value)
+
+    @field_validator("find_links", "index_urls", "import_check")
+    @classmethod
+    def _clean_items(cls, values: list[str]) -> list[str]:
+        return [check_clean_text(v) for v in values]
+
+    @field_validator("restore_paths")
+    @classmethod
+    def _relative_paths(cls, values: list[str]) -> list[str]:
+        return [check_relative_path(v) for v in values]
+
+    @field_validator("known_good_ref")
+    @classmethod
+    def _git_ref(cls, value: str) -> str:
+        check_clean_text(value)
+        # A ref is an argument to git: `--output=/etc/x` would be an option, not a ref.
+        if not value or value.startswith("-") or any(c.isspace() for c in value):
+            raise ValueError(f"{value!r} is not a git ref (no leading '-', no spaces)")
+        return value
+
+    @field_validator("resume_arg")
+    @classmethod
+    def _resume_arg(cls, value: str) -> str:
+        return check_resume_arg(value)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, values: dict[str, str]) -> dict[str, str]:
+        for key, value in values.items():
+            if not ENV_KEY.match(key):
+                raise ValueError(f"{key!r} is not a shell variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            if "\0" in value:
+                raise ValueError(f"the value of {key} contains a NUL character, which no environment can hold")
+        return values
 
     @model_validator(mode="after")
-    def _resume_has_placeholder(self) -> "Target":
+    def _folders_do_not_overlap(self) -> "Target":
         if self.checkpoint_dir and "{checkpoint}" not in self.resume_arg:
             raise ValueError("resume_arg must contain {checkpoint}")
+        others = self.protected_dirs()
+        check_cache_dir_is_dedicated(self.inductor_cache_dir, {k: v for k, v in others.items()})
+        check_venv_dir_is_dedicated(self.venv_dir, {k: v for k, v in others.items() if k not in ("venv_dir", "repo_dir")})
         return self
+
+    def protected_dirs(self) -> dict[str, str]:
+        """Folders holding the user's work: nothing relaunch clears may equal, hold or lie inside them."""
+        dirs = {"repo_dir": self.repo_dir, "venv_dir": self.venv_dir, "log_dir": self.log_dir, "state_dir": self.state_path}
+        if self.checkpoint_dir:
+            dirs["checkpoint_dir"] = self.checkpoint_dir
+        return dirs
 
     @property
     def state_path(self) -> str:
@@ -132,12 +200,7 @@ class Target(_Model):
 def load_target(path: str | Path) -> Target:
     """Read a target file; a bad file fails naming the file and each bad field."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read target file: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    data = parse_yaml(path, _read_text(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of target fields, got {type(data).__name__}")
     try:
@@ -146,9 +209,52 @@ def load_target(path: str | Path) -> Target:
         raise ConfigError(f"{path}: invalid target:\n{format_validation_error(exc)}") from exc
 
 
+def _read_text(path: Path) -> str:
+    try:
+        # Checked before opening: a FIFO would block the read, /dev/zero would never end it.
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ConfigError(f"{path}: not a regular file: give the path of a target YAML file")
+        with path.open("rb") as f:
+            raw = f.read(MAX_TARGET_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read target file: {exc.strerror}") from exc
+    if len(raw) > MAX_TARGET_FILE_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_TARGET_FILE_BYTES} bytes; a target file is a few KiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): save it as UTF-8") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; a target with two `venv_dir`s is a mistake to name."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(path: Path, text: str) -> object:
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a target file") from None
+
+
 def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {field}: {err['msg']}")
+        field = ".".join(str(p) for p in err["loc"])
+        # Checks across fields have no location; their message starts with the field it refuses.
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {field}: {message}" if field else f"  {message}")
     return "\n".join(lines)

@@ -60,7 +60,7 @@ def remedy(diagnosis: Diagnosis) -> tuple[Action, str]:
     return PLAYBOOK.get((diagnosis.verdict, diagnosis.cause)) or PLAYBOOK[(diagnosis.verdict, None)]
 
 
-def choose_action(diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left: int, force: bool = False) -> tuple[Action, str]:
+def choose_action(diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left: int, force: bool = False, unfinished: list[str] | None = None) -> tuple[Action, str]:
     """The next action, or ESCALATE when the same failure repeats with no progress or the budget is spent."""
     action, why = remedy(diagnosis)
     if force and action is Action.NONE and diagnosis.verdict is not Verdict.STARTING:
@@ -71,7 +71,28 @@ def choose_action(diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left:
         return Action.ESCALATE, f"{_label(diagnosis)} again with no progress after '{remedy(earlier[-1])[0].value}': stopping; a person must look"
     if attempts_left <= 0:
         return Action.ESCALATE, "attempts budget spent"
-    return action, why
+    return redo_unfinished(action, why, unfinished or [])
+
+
+def steps_for(action: Action, unfinished: list[str] | None = None) -> list[Step]:
+    """The action's steps, plus any step a killed recovery left half done (its marker is on the host), in procedure order."""
+    if action in (Action.NONE, Action.ESCALATE):
+        return []
+    needed = set(STEPS[action]) | _unfinished(unfinished)
+    return [step for step in Step if step in needed]
+
+
+def redo_unfinished(action: Action, why: str, unfinished: list[str]) -> tuple[Action, str]:
+    """Say so when the steps run will redo what an interrupted recovery left half done."""
+    extra = _unfinished(unfinished) - set(STEPS[action])
+    if not extra:
+        return action, why
+    names = ", ".join(s.value for s in Step if s in extra)
+    return action, f"{why}; a recovery was interrupted during {names} (its marker is still on the host): redoing it first"
+
+
+def _unfinished(unfinished: list[str] | None) -> set[Step]:
+    return {Step(s) for s in unfinished or [] if s in Step._value2member_map_}
 
 
 def _same_failure(a: Diagnosis, b: Diagnosis) -> bool:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 from datetime import datetime, timezone
 
 from relaunch.config import Target
+from relaunch.logtext import clean_lines
 from relaunch.snapshot import GpuSample, HealthSnapshot
 
-MARK = "@@relaunch@@ "
+TAIL_BYTES = 256 * 1024
+# Lines of the tail the diagnosis reads: enough for the step rate and the last traceback.
+TAIL_LINES = 200
 
 
 def utc_stamp(now: datetime | None = None) -> str:
@@ -34,78 +38,43 @@ def trainer_env(target: Target) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": target.inductor_cache_dir, "VIRTUAL_ENV": target.venv_dir, **target.env}
 
 
-def env_exports(target: Target) -> str:
-    exports = [f"export PATH={shlex.quote(target.venv_dir + '/bin')}:\"$PATH\""]
-    exports += [f"export {k}={shlex.quote(v)}" for k, v in trainer_env(target).items()]
-    return "\n".join(exports)
+def trainer_spec(target: Target, command: str) -> list[str]:
+    """What the supervisor reads from the run folder, NUL-separated: repo, venv bin, command, then KEY=VALUE entries."""
+    return [target.repo_dir, f"{target.venv_dir}/bin", command, *(f"{k}={v}" for k, v in trainer_env(target).items())]
 
 
 def trainer_command(target: Target, checkpoint: str | None) -> str:
+    """launch_command, plus resume_arg with the checkpoint's path quoted once for the shell that runs it."""
     if not checkpoint:
         return target.launch_command
-    return f"{target.launch_command} {target.resume_arg.format(checkpoint=shlex.quote(checkpoint))}"
+    # replace, not format(): resume_arg is validated to hold only {checkpoint}, and format() would also
+    # read `{{` as an escape the user did not mean here.
+    return f"{target.launch_command} {target.resume_arg.replace('{checkpoint}', shlex.quote(checkpoint))}"
 
 
-def supervisor_script(target: Target, run_id: str, command: str) -> str:
-    """Runs the trainer outside tmux, appends its output to the attempt log, records PID and exit code."""
-    q = shlex.quote
-    rdir, log = run_dir(target, run_id), log_path(target, run_id)
-    return f"""#!/usr/bin/env bash
-# relaunch supervisor: target {target.name}, run {run_id}.
-# The trainer runs in its own process group, outside tmux: a lost session loses no output
-# and kills nothing. Its exit code is written when it exits, so no death is silent.
-set -o pipefail
-run_dir={q(rdir)}
-log={q(log)}
-note() {{ printf '[relaunch] %s run {run_id}: %s\\n' "$(date -u +%FT%TZ)" "$1" >> "$log"; }}
-# A handler (not an ignore) so the trainer still gets default signal handling.
-trap 'true' TERM HUP INT
-s=$(cat "/proc/$$/stat"); s=${{s##*) }}; read -ra f <<< "$s"
-echo "$$ ${{f[19]}}" > "$run_dir/supervisor_pid.tmp" && mv -f "$run_dir/supervisor_pid.tmp" "$run_dir/supervisor_pid"
-cd -- {q(target.repo_dir)} || {{ note "cannot cd to {target.repo_dir}"; echo 126 > "$run_dir/exit_code"; exit 126; }}
-{env_exports(target)}
-note {q("start: " + command)}
-bash -c {q(command)} >> "$log" 2>&1 < /dev/null &
-pid=$!
-s=$(cat "/proc/$pid/stat" 2>/dev/null); s=${{s##*) }}; read -ra f <<< "$s"
-echo "$pid ${{f[19]}}" > "$run_dir/pid.tmp" && mv -f "$run_dir/pid.tmp" "$run_dir/pid"
-wait "$pid"; code=$?
-while kill -0 "$pid" 2>/dev/null; do wait "$pid"; code=$?; done
-echo "$code" > "$run_dir/exit_code.tmp" && mv -f "$run_dir/exit_code.tmp" "$run_dir/exit_code"
-note "trainer exited with code $code"
-exit "$code"
-"""
+def new_nonce() -> str:
+    return secrets.token_hex(8)
 
 
-def launcher_script(target: Target, run_id: str) -> str:
-    """What tmux runs: detach the supervisor into its own session, then show the log until it ends."""
-    q = shlex.quote
-    rdir, log = run_dir(target, run_id), log_path(target, run_id)
-    return f"""#!/usr/bin/env bash
-# relaunch launcher: target {target.name}, run {run_id}. The pane shows the log; the log is the record.
-# setsid -f: the supervisor is nobody's child here, so init reaps it and the pane ends with it.
-setsid -f bash {q(rdir + '/supervisor.sh')} < /dev/null > /dev/null 2>&1
-for _ in $(seq 200); do [ -s {q(rdir + '/supervisor_pid')} ] && break; sleep 0.05; done
-read -r spid _ < {q(rdir + '/supervisor_pid')}
-touch {q(log)}
-exec tail -n +1 -F --pid="$spid" {q(log)} 2>/dev/null
-"""
-
-
-def parse_snapshot(stdout: str, host: str) -> HealthSnapshot:
+def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
     """Read the SNAPSHOT script's sections; lines before the first marker (shell noise) are ignored."""
+    mark = f"@@relaunch-{nonce}@@ "
     fields: dict[str, str] = {}
     sections: dict[str, list[str]] = {"tail": [], "matches": [], "gpu": [], "kernel": []}
     current: list[str] | None = None
-    for line in stdout.splitlines():
-        if line.startswith(MARK):
-            key, _, value = line[len(MARK):].partition(" ")
+    # Only \n separates the poll's own lines; a \r inside a log line is the log's business (clean_lines).
+    for line in stdout.split("\n"):
+        if line.startswith(mark):
+            key, _, value = line[len(mark):].partition(" ")
             current = sections.get(key)
             if current is None:
                 fields[key] = value.strip()
         elif current is not None:
             current.append(line)
-    matches = _before_tail(sections["matches"], _int(fields.get("log_lines")), len(sections["tail"]))
+    tail_start = _int(fields.get("tail_start")) or 0
+    tail = clean_lines("\n".join(sections["tail"]))
+    if fields.get("tail_partial") == "1" and tail:
+        tail = tail[1:]
     now = _float(fields.get("now"))
     started, mtime = _float(fields.get("started_at")), _float(fields.get("log_mtime"))
     return HealthSnapshot(
@@ -119,25 +88,25 @@ def parse_snapshot(stdout: str, host: str) -> HealthSnapshot:
         seconds_since_launch=(now - started) if now is not None and started is not None else None,
         seconds_since_log_write=max(0.0, now - mtime) if now is not None and mtime is not None else None,
         log_size_bytes=_int(fields.get("log_size")) or 0,
-        log_tail=sections["tail"],
-        log_matches=matches,
+        log_tail=tail[-TAIL_LINES:],
+        log_matches=_before_tail(sections["matches"], tail_start),
         gpus=parse_gpu_csv("\n".join(sections["gpu"])),
         kernel_lines=sections["kernel"],
+        unfinished_steps=fields.get("unfinished", "").split(),
     )
 
 
-NUMBERED = re.compile(r"^(\d+)[:-](.*)$")
+OFFSET = re.compile(r"^(\d+)[:-](.*)$", re.DOTALL)
 
 
-def _before_tail(numbered: list[str], total: int | None, tail_len: int) -> list[str]:
-    """grep -n -B output, in log order, without the lines the tail already holds."""
-    first_tail = (total or 0) - tail_len + 1
-    lines: dict[int, str] = {}
-    for line in numbered:
-        m = NUMBERED.match(line)
-        if m and int(m[1]) < first_tail:
-            lines[int(m[1])] = m[2]
-    return [lines[n] for n in sorted(lines)]
+def _before_tail(lines: list[str], tail_start: int) -> list[str]:
+    """grep -b -B output, in log order, without the lines the tail already holds."""
+    kept: dict[int, str] = {}
+    for line in lines:
+        m = OFFSET.match(line)
+        if m and int(m[1]) < tail_start:
+            kept[int(m[1])] = m[2]
+    return clean_lines("\n".join(kept[n] for n in sorted(kept)))
 
 
 GPU_LINE = re.compile(r"^\s*(\d+),\s*(\d+)(?:\s*MiB)?,\s*(\d+)(?:\s*%)?\s*$")

@@ -28,3 +28,4 @@ class HealthSnapshot(BaseModel):
     log_matches: list[str] = Field(default_factory=list, description="Earliest failure-looking lines of the log with the lines before them, in log order, none of them in log_tail.")
     gpus: list[GpuSample] = Field(default_factory=list, description="One sample per GPU; empty where nvidia-smi is absent.")
     kernel_lines: list[str] = Field(default_factory=list, description="Kernel log lines about OOM kills, where readable.")
+    unfinished_steps: list[str] = Field(default_factory=list, description="Steps a killed recovery left half done (their markers are still on the host).")

@@ -10,13 +10,13 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
 from relaunch.hostscripts import SNAPSHOT
-from relaunch.runfiles import parse_snapshot
+from relaunch.logtext import FAILURE_WORDS
+from relaunch.runfiles import TAIL_BYTES, TAIL_LINES, new_nonce, parse_snapshot
 from relaunch.snapshot import HealthSnapshot
 from relaunch.verdicts import Verdict
 from tasks.common import Progress as ProgressArtifact
 from tasks.common import artifact_key, execute, log, step_task
 
-TAIL_LINES = 200
 
 
 class HealthResult(BaseModel):
@@ -26,13 +26,17 @@ class HealthResult(BaseModel):
     seconds: float = Field(description="Time spent waiting for the verdict to settle.")
 
 
-def plan_snapshot(target: Target, wait_seconds: float, tail_lines: int = TAIL_LINES) -> Command:
-    return script(SNAPSHOT, target.state_path, target.tmux_session, str(int(wait_seconds)), str(tail_lines), "1", label="health poll", timeout_seconds=wait_seconds + 60)
+def plan_snapshot(target: Target, wait_seconds: float, nonce: str, tail_lines: int = TAIL_LINES) -> Command:
+    """One poll; the wait is sent in milliseconds so a fractional poll interval is honoured."""
+    args = (target.state_path, target.tmux_session, str(int(wait_seconds * 1000)), str(tail_lines), "1", nonce)
+    args += (target.venv_dir, target.inductor_cache_dir, str(TAIL_BYTES), FAILURE_WORDS)
+    return script(SNAPSHOT, *args, label="health poll", timeout_seconds=wait_seconds + 60)
 
 
 def collect_snapshot(target: Target, wait_seconds: float = 0) -> HealthSnapshot:
-    result = execute(target, plan_snapshot(target, wait_seconds))
-    return parse_snapshot(result.stdout, target.host.label)
+    nonce = new_nonce()
+    result = execute(target, plan_snapshot(target, wait_seconds, nonce))
+    return parse_snapshot(result.stdout, target.host.label, nonce)
 
 
 def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from relaunch.commands import Command
 from relaunch.config import Target
+from tasks.leftovers import tracked
 from tasks.common import StepRecord, execute, log, step_task, timed
 from tasks.rebuild_venv import installer_flags
 
 
 def plan_install(target: Target, package: str) -> Command:
     py = f"{target.venv_dir}/bin/python"
-    return Command(("uv", "pip", "install", "--python", py, "--compile-bytecode", *installer_flags(target), package), label=f"uv pip install {package}", timeout_seconds=1800)
+    return tracked(target, Command(("uv", "pip", "install", "--python", py, "--compile-bytecode", *installer_flags(target), package), label=f"uv pip install {package}", timeout_seconds=1800))
 
 
 @step_task("install_package")

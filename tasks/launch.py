@@ -1,24 +1,24 @@
-"""Step 6: start the trainer detached in tmux through generated launcher scripts; resume from the newest checkpoint."""
+"""Step 6: start the trainer detached in tmux through the static launcher and supervisor; resume from the newest checkpoint."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from relaunch.checkpoints import Choice, choose, parse_listing
 from relaunch.commands import Command, script
 from relaunch.config import Target
-from relaunch.hostscripts import LAUNCH
-from relaunch.runfiles import launcher_script, log_path, new_run_id, supervisor_script, trainer_command
-from tasks.common import StepRecord, execute, step_task, timed
+from relaunch.hostscripts import LAUNCH, LAUNCHER, SUPERVISOR
+from relaunch.runfiles import log_path, new_run_id, trainer_command, trainer_spec
+from tasks.common import StepRecord, execute, log, step_task, timed
 
 PID_WAIT_SECONDS = 30
 
-# Newest checkpoint: highest number in its name, then newest mtime. Nothing in the folder is touched.
-NEWEST_CHECKPOINT = r"""
+# List checkpoint_dir NUL-separated (a name may hold a newline); the choice is made in Python.
+LIST_CHECKPOINTS = r"""
 dir=$1
-[ -d "$dir" ] || exit 0
-find "$dir" -mindepth 1 -maxdepth 1 ! -name '.*' ! -name '*.tmp' -printf '%T@ %f\n' | while read -r t name; do
-  n=$(grep -oE '[0-9]+' <<< "$name" | tail -n 1); printf '%020d %s %s\n' "${n:-0}" "$t" "$name"
-done | sort | tail -n 1 | cut -d' ' -f3-
+[ -d "$dir" ] || { echo "missing"; exit 0; }
+echo "present"
+find "$dir" -mindepth 1 -maxdepth 1 \( -empty -printf '%y %T@ E %f\0' -o -printf '%y %T@ N %f\0' \)
 """
 
 
@@ -27,41 +27,50 @@ class RunRecord(BaseModel):
     log_path: str
     pid: int | None
     checkpoint: str | None
+    checkpoint_why: str = Field("", description="Why this checkpoint (or none) was chosen, and what was skipped.")
     command: str
 
 
-def plan_find_checkpoint(target: Target) -> Command | None:
+def plan_list_checkpoints(target: Target) -> Command | None:
     if not target.checkpoint_dir:
         return None
-    return script(NEWEST_CHECKPOINT, target.checkpoint_dir, label="find newest checkpoint")
+    return script(LIST_CHECKPOINTS, target.checkpoint_dir, label="list checkpoints", timeout_seconds=120)
 
 
 def plan_launch(target: Target, run_id: str, checkpoint: str | None) -> tuple[Command, str]:
     command = trainer_command(target, checkpoint)
-    launch = script(
-        LAUNCH,
-        target.state_path,
-        target.tmux_session,
-        run_id,
-        log_path(target, run_id),
-        supervisor_script(target, run_id, command),
-        launcher_script(target, run_id),
-        str(PID_WAIT_SECONDS),
-        label="launch trainer in tmux",
-        timeout_seconds=PID_WAIT_SECONDS + 30,
-    )
-    return launch, command
+    args = (target.state_path, target.tmux_session, run_id, log_path(target, run_id), SUPERVISOR, LAUNCHER, str(PID_WAIT_SECONDS))
+    args += (target.venv_dir, target.inductor_cache_dir, *trainer_spec(target, command))
+    return script(LAUNCH, *args, label="launch trainer in tmux", timeout_seconds=PID_WAIT_SECONDS + 30), command
+
+
+def pick_checkpoint(target: Target, listing: str | None) -> Choice:
+    """The newest usable checkpoint from the host's listing, or none, with the reason either way."""
+    if listing is None:
+        return Choice(why="no checkpoint_dir configured: starting from scratch")
+    head, _, records = listing.partition("\n")
+    if head.strip() == "missing":
+        return Choice(why=f"checkpoint_dir {target.checkpoint_dir} does not exist: starting from scratch")
+    return choose(parse_listing(records))
+
+
+def describe(choice: Choice) -> str:
+    skipped = f"; skipped {len(choice.skipped)}: " + ", ".join(choice.skipped[:5]) if choice.skipped else ""
+    return (f"{choice.name}: " if choice.name else "") + choice.why + skipped
 
 
 @step_task("launch")
 def launch(target: Target, attempt: int) -> tuple[RunRecord, StepRecord]:
     with timed("launch") as detail:
-        find = plan_find_checkpoint(target)
-        name = execute(target, find).stdout.strip() if find else ""
-        checkpoint = f"{target.checkpoint_dir}/{name}" if name else None
+        listing = plan_list_checkpoints(target)
+        choice = pick_checkpoint(target, execute(target, listing).stdout if listing else None)
+        if choice.name is None and target.checkpoint_dir:
+            log().warning("%s: %s", target.name, describe(choice))
+        checkpoint = f"{target.checkpoint_dir}/{choice.name}" if choice.name else None
         run_id = new_run_id(attempt)
         command, text = plan_launch(target, run_id, checkpoint)
-        out = execute(target, command, advice="another trainer may be running, or tmux failed: see the output").stdout.split()
-        record = RunRecord(run_id=run_id, log_path=log_path(target, run_id), pid=int(out[0]) if out and out[0].isdigit() else None, checkpoint=checkpoint, command=text)
+        out = execute(target, command, advice="another trainer may be running, a venv or cache is half-built, or tmux failed: see the output").stdout.split()
+        pid = int(out[0]) if out and out[0].isdigit() else None
+        record = RunRecord(run_id=run_id, log_path=log_path(target, run_id), pid=pid, checkpoint=checkpoint, checkpoint_why=describe(choice), command=text)
         detail.update(record.model_dump())
     return record, StepRecord(step="launch", seconds=detail.pop("seconds"), detail=detail)

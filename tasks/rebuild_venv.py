@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from pathlib import PurePosixPath
 
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.runfiles import utc_stamp
+from tasks.leftovers import tracked
 from tasks.common import Progress, StepRecord, artifact_key, execute, log, step_task, timed
 
 BUILDING_MARKER = ".relaunch-building"
@@ -26,10 +28,17 @@ venv=$1 aside=$2 stamp=$3
 [ "$aside" = none ] || mv -- "$aside" "$venv"
 """
 
-# Keep the newest N old venvs; the only thing relaunch ever deletes (the issue's retention rule).
-PRUNE = r"""
-venv=$1 keep=$2
-ls -1d "$venv".old-* 2>/dev/null | sort -r | tail -n +"$((keep + 1))" | while read -r old; do rm -rf -- "$old" && echo "removed $old"; done
+# The siblings of the venv, NUL-separated: the prune decides in Python, so no name is ever split.
+LIST_SIBLINGS = r"""find "$(dirname -- "$1")" -mindepth 1 -maxdepth 1 -printf '%f\0'"""
+
+# Remove the named old venvs; each must still be a `VENV.old-*` sibling, whatever the caller sent.
+REMOVE_OLD = r"""
+venv=$1; shift
+parent=$(dirname -- "$venv") base=$(basename -- "$venv")
+for name in "$@"; do
+  case $name in */* | "") echo "refusing $name"; continue ;; "$base".old-*) ;; *) echo "refusing $name"; continue ;; esac
+  rm -rf -- "${parent:?}/$name" && printf 'removed %s\0' "$parent/$name"
+done
 """
 
 IMPORT_CHECK = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n    print('imported', m)"
@@ -46,15 +55,33 @@ def installer_flags(target: Target) -> list[str]:
 
 def plan_rebuild(target: Target, stamp: str) -> dict[str, Command]:
     py = f"{target.venv_dir}/bin/python"
-    return {
+    plan = {
         "move_aside": script(MOVE_ASIDE, target.venv_dir, stamp, BUILDING_MARKER, label="move old venv aside", timeout_seconds=300),
         "create": script('uv venv --python "$1" "$2" && touch "$2/$3"', target.python, target.venv_dir, BUILDING_MARKER, label="uv venv", timeout_seconds=300),
         "install": Command(("uv", "pip", "sync", "--python", py, "--compile-bytecode", *installer_flags(target), target.lock_path), label="uv pip sync", timeout_seconds=3600),
         "freeze": Command(("uv", "pip", "freeze", "--python", py), label="uv pip freeze", timeout_seconds=120),
         "import_check": Command((py, "-c", IMPORT_CHECK, *target.import_check), cwd=target.repo_dir, label="import check", timeout_seconds=600),
         "mark": Command(("rm", "-f", "--", f"{target.venv_dir}/{BUILDING_MARKER}"), label="mark venv complete"),
-        "prune": script(PRUNE, target.venv_dir, str(target.keep_old_venvs), label="prune old venvs"),
+        "siblings": script(LIST_SIBLINGS, target.venv_dir, label="list old venvs"),
     }
+    # The steps that write into the venv: a killed recovery's leftover must not race the next build.
+    return {k: tracked(target, c) if k in ("create", "install", "import_check") else c for k, c in plan.items()}
+
+
+def old_venvs_to_remove(venv_dir: str, siblings: list[str], keep: int) -> list[str]:
+    """Names of `VENV.old-STAMP` beyond the newest `keep` (stamps sort in time order)."""
+    prefix = PurePosixPath(venv_dir).name + ".old-"
+    old = sorted((n for n in siblings if n.startswith(prefix)), reverse=True)
+    return old[keep:]
+
+
+def prune(target: Target, plan: dict[str, Command]) -> list[str]:
+    siblings = execute(target, plan["siblings"]).stdout.split("\0")
+    doomed = old_venvs_to_remove(target.venv_dir, siblings, target.keep_old_venvs)
+    if not doomed:
+        return []
+    out = execute(target, script(REMOVE_OLD, target.venv_dir, *doomed, label="prune old venvs")).stdout
+    return [r.removeprefix("removed ") for r in out.split("\0") if r.startswith("removed ")]
 
 
 def _norm(name: str) -> str:
@@ -112,7 +139,7 @@ def rebuild_venv(target: Target) -> StepRecord:
         except Exception:
             execute(target, script(PUT_BACK, target.venv_dir, aside, stamp, label="put the old venv back"), check=False)
             raise
-        detail["pruned"] = execute(target, plan["prune"]).stdout.split()[1::2]
+        detail["pruned"] = prune(target, plan)
         if detail["drift"]:
             log().warning("venv differs from the lock: %s", "; ".join(detail["drift"]))
         progress.update(100, f"venv ready ({detail['packages']} packages)")

@@ -1,35 +1,57 @@
-"""Step 5: clear the inductor cache, then warm it single-threaded with the trainer's own environment."""
+"""Step 5: clear the inductor cache, then warm it single-threaded with the trainer's own environment.
+
+Clearing never runs `rm -rf` on the configured path: the cache is moved aside, a fresh folder takes its
+place, and the aside copy is removed only when it holds nothing but compile-cache entries. Anything else
+found there is kept aside and named in the report. The fresh folder carries `.relaunch-warming` until
+the warm-up has finished, so a recovery killed mid-warm-up is seen and redone by the next one.
+"""
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+import re
 
 from relaunch.commands import Command, script
 from relaunch.config import Target
-from relaunch.errors import ConfigError
-from relaunch.runfiles import trainer_env
-from tasks.common import Progress, StepRecord, artifact_key, execute, step_task, timed
+from relaunch.runfiles import trainer_env, utc_stamp
+from tasks.leftovers import tracked
+from tasks.common import Progress, StepRecord, artifact_key, execute, log, step_task, timed
 
 WARMUP_TIMEOUT_SECONDS = 3 * 3600
+WARMING_MARKER = ".relaunch-warming"
+CACHE_MARKER = ".relaunch-inductor-cache"
 
-CLEAR = r"""
-cache=$1
-before=$(du -sb "$cache" 2>/dev/null | cut -f1)
-rm -rf -- "$cache" && mkdir -p -- "$cache" && echo "cleared ${before:-0}"
+# What torch's inductor writes at the top of its cache dir: code in two-character hash folders, the
+# FX-graph, AOT-autograd and triton caches, locks. Anything else is not ours to delete.
+CACHE_ENTRY = re.compile(r"^([a-z0-9]{2}|fxgraph|aotautograd|triton|locks|cache|kernel|autotune|aot_inductor|precompile|[a-z0-9_]*cache|\.relaunch-[a-z-]+)$")
+
+# Move the cache aside and put a fresh, marked folder in its place. Prints the aside path, its kind
+# (`d` folder, `l` link: a link is never followed) and its top-level names, NUL-separated.
+MOVE_ASIDE = r"""
+cache=$1 stamp=$2 warming=$3 mine=$4
+aside=
+if [ -e "$cache" ] || [ -L "$cache" ]; then
+  aside="$cache.relaunch-cleared-$stamp"
+  bytes=$(du -sb -- "$cache" 2>/dev/null | cut -f1)
+  mv -T -- "$cache" "$aside" || { echo "cannot move $cache aside"; exit 3; }
+fi
+mkdir -p -- "$cache" && touch -- "$cache/$warming" "$cache/$mine" || exit 4
+[ -n "$aside" ] || exit 0
+printf 'aside %s\0bytes %s\0kind %s\0' "$aside" "${bytes:-0}" "$(find "$aside" -maxdepth 0 -printf '%y')"
+[ -L "$aside" ] || find "$aside" -mindepth 1 -maxdepth 1 -printf 'entry %f\0'
 """
 
-SIZE = r"""du -sb "$1" 2>/dev/null | cut -f1"""
+# Remove an aside copy the caller judged to be only cache; it must still be the sibling we made.
+REMOVE_ASIDE = r"""
+cache=$1 aside=$2
+case $aside in "$cache".relaunch-cleared-*) ;; *) echo "refusing to remove $aside"; exit 3 ;; esac
+[ -L "$aside" ] && { echo "refusing to remove a link"; exit 3; }
+rm -rf -- "$aside"
+"""
+
+SIZE = r"""du -sb -- "$1" 2>/dev/null | cut -f1"""
 
 
-def check_cache_dir(path: str) -> None:
-    """The cache is deleted: refuse anything that looks like it could hold more than a cache."""
-    parts = PurePosixPath(path).parts
-    if len(parts) < 3 and not parts[-1].startswith("torchinductor"):
-        raise ConfigError(f"inductor_cache_dir {path!r} is too close to / to be deleted safely; use a dedicated folder")
-
-
-def plan_warm(target: Target) -> dict[str, Command]:
-    check_cache_dir(target.inductor_cache_dir)
+def plan_warm(target: Target, stamp: str) -> dict[str, Command]:
     env = {
         **trainer_env(target),
         "PATH": f"{target.venv_dir}/bin:/usr/local/bin:/usr/bin:/bin",
@@ -37,24 +59,67 @@ def plan_warm(target: Target) -> dict[str, Command]:
         "TORCHINDUCTOR_COMPILE_THREADS": "1",
         "RELAUNCH_WARMUP": "1",
     }
+    cache = target.inductor_cache_dir
     return {
-        "clear": script(CLEAR, target.inductor_cache_dir, label="clear inductor cache"),
-        "warm": script(target.warmup_command or "true", label="warm-up", env=env, cwd=target.repo_dir, timeout_seconds=WARMUP_TIMEOUT_SECONDS),
-        "size": script(SIZE, target.inductor_cache_dir, label="cache size"),
+        "clear": script(MOVE_ASIDE, cache, stamp, WARMING_MARKER, CACHE_MARKER, label="move the inductor cache aside", timeout_seconds=600),
+        "warm": tracked(target, script(target.warmup_command or "true", label="warm-up", env=env, cwd=target.repo_dir, timeout_seconds=WARMUP_TIMEOUT_SECONDS)),
+        "done": Command(("rm", "-f", "--", f"{cache}/{WARMING_MARKER}"), label="mark the cache warm"),
+        "size": script(SIZE, cache, label="cache size"),
     }
+
+
+def plan_remove_aside(target: Target, aside: str) -> Command:
+    return script(REMOVE_ASIDE, target.inductor_cache_dir, aside, label="remove the old compile cache", timeout_seconds=600)
+
+
+def parse_aside(stdout: str) -> tuple[str | None, int, str, list[str]]:
+    """(aside path, its bytes, its kind, its top-level names) from MOVE_ASIDE's NUL-separated records."""
+    fields: dict[str, str] = {}
+    entries: list[str] = []
+    for record in stdout.split("\0"):
+        key, _, value = record.partition(" ")
+        if key == "entry":
+            entries.append(value)
+        elif key:
+            fields[key] = value
+    return fields.get("aside"), int(fields.get("bytes") or 0), fields.get("kind", ""), entries
+
+
+def foreign_entries(kind: str, entries: list[str]) -> list[str]:
+    """What in the old cache is not compile cache; a link counts as foreign (it points somewhere else)."""
+    if kind == "l":
+        return ["(a symbolic link)"]
+    if CACHE_MARKER in entries:
+        # relaunch made this folder empty; since then only the warm-up and the trainer wrote to it.
+        return []
+    return [name for name in entries if not CACHE_ENTRY.match(name)]
+
+
+def clear_cache(target: Target, plan: dict[str, Command], detail: dict) -> None:
+    aside, before, kind, entries = parse_aside(execute(target, plan["clear"]).stdout)
+    detail["cleared_bytes"] = before
+    if aside is None:
+        return
+    foreign = foreign_entries(kind, entries)
+    if foreign:
+        detail["kept_aside"] = aside
+        log().warning("the old cache %s held %d entries that are not compile cache (%s): kept as %s, remove it yourself when sure", target.inductor_cache_dir, len(foreign), ", ".join(foreign[:5]), aside)
+        return
+    execute(target, plan_remove_aside(target, aside))
 
 
 @step_task("warm_cache", retries=1)
 def warm_cache(target: Target) -> StepRecord:
-    plan = plan_warm(target)
+    plan = plan_warm(target, utc_stamp())
     progress = Progress(artifact_key(target.name, "warm-cache"), "warming the compile cache")
     with timed("warm_cache") as detail:
         progress.update(5, f"clearing {target.inductor_cache_dir}")
-        detail["cleared_bytes"] = int(execute(target, plan["clear"]).stdout.split()[-1])
+        clear_cache(target, plan, detail)
         if target.warmup_command:
             progress.update(20, "compiling every kernel once, single-threaded (forward and backward)")
             out = execute(target, plan["warm"], advice="the warm-up failed: run the warm-up command by hand in the venv to see why").stdout
             detail["warmup_output"] = out.strip().splitlines()[-3:]
+        execute(target, plan["done"])
         detail["cache_bytes"] = int(execute(target, plan["size"]).stdout.strip() or 0)
         progress.update(100, f"cache warm: {detail['cache_bytes'] / 1e6:.1f} MB")
     return StepRecord(step="warm_cache", seconds=detail.pop("seconds"), detail=detail)

@@ -37,6 +37,22 @@ def test_a_minimal_target_file_loads_with_defaults_from_the_field_notes(tmp_path
         ({"tmux_session": "a;rm -rf /"}, "tmux_session"),
         ({"unknown_field": 1}, "unknown_field"),
         ({"checkpoint_dir": "/ckpt", "resume_arg": "--resume"}, "resume_arg"),
+        ({"restore_paths": ["../secrets.py"]}, "restore_paths"),
+        ({"restore_paths": ["/etc/passwd"]}, "restore_paths"),
+        ({"resume_arg": "--resume {0}"}, "resume_arg"),
+        ({"resume_arg": "--resume {checkpoint} }"}, "resume_arg"),
+        ({"thresholds": {"step_pattern": r"step=(\d+)"}}, "thresholds.step_pattern"),
+        ({"thresholds": {"throughput_pattern": r"(\d+) tok/s"}}, "thresholds.throughput_pattern"),
+        ({"thresholds": {"step_pattern": "step=(?P<step>\\d+"}}, "thresholds.step_pattern"),
+        ({"env": {"A": "x\0y"}}, "env"),
+        ({"env": {"A; touch /tmp/x; B": "1"}}, "env"),
+        ({"log_dir": "/workspace/lo\ngs"}, "log_dir"),
+        ({"min_free_disk_gb": float("inf")}, "min_free_disk_gb"),
+        ({"thresholds": {"poll_interval_seconds": 0.01}}, "thresholds.poll_interval_seconds"),
+        ({"known_good_ref": "--output=/tmp/x"}, "known_good_ref"),
+        ({"checkpoint_dir": "/workspace/ckpt", "inductor_cache_dir": "/workspace/ckpt"}, "inductor_cache_dir"),
+        ({"inductor_cache_dir": "/tmp/../usr"}, "inductor_cache_dir"),
+        ({"venv_dir": "/workspace"}, "venv_dir"),
     ],
 )
 def test_a_bad_target_file_fails_naming_the_file_and_the_field(tmp_path, change, names):
@@ -64,3 +80,29 @@ def test_the_readme_shows_the_playbook_table_the_code_uses():
 def test_the_readme_quick_start_is_what_ci_runs():
     readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
     assert "make demo" in readme and "make test" in readme and "make test" in ci
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (b"name: caf\xe9\n", "not UTF-8"),
+        (b"name: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "nested too deeply"),
+        (b"name: a\nrepo_dir: /r\nname: b\n", "duplicate key 'name' (line 3)"),
+    ],
+)
+def test_a_target_file_that_is_not_plain_yaml_is_refused_naming_why(tmp_path, text, says):
+    path = tmp_path / "target.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError) as err:
+        load_target(path)
+    assert str(path) in str(err.value) and says in str(err.value)
+
+
+def test_a_fifo_or_a_device_given_as_the_target_file_is_refused_without_reading_it(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        with pytest.raises(ConfigError, match="not a regular file"):
+            load_target(path)

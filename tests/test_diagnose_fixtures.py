@@ -36,6 +36,8 @@ CASES = [
     ("demo/silent_death.log", [], "crashed", "silent_exit", None, "no exit code recorded"),
     ("demo/degraded_uncompiled.log", ["--running", "--seconds-since-log-write", "1", "--baseline-tokens-per-second", "30000"], "degraded", None, None, "called without torch.compile()"),
     ("demo/hang.log", ["--running", "--seconds-since-log-write", "600"], "stalled", None, None, "no new step line"),
+    ("ansi_colored_traceback.log", ["--exit-code", "1"], "crashed", "error", None, "RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    ("carriage_return_progress.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step=164"),
 ]
 
 

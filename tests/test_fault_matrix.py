@@ -48,6 +48,7 @@ from tests.faults import (
     reap,
     reference,
     render_matrix,
+    start_time,
     start_cli,
     tmpfs,
     tmux_session_alive,
@@ -56,6 +57,8 @@ from tests.faults import (
     write_target,
 )
 from tests.targets import shell_target
+
+import tests.test_never_lose_work  # noqa: E402,F401 - its rows belong to the matrix too
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -116,8 +119,9 @@ def lived_in(target: Target, logs: bool = True) -> None:
         ckpt.mkdir(parents=True)
         (ckpt / "step").write_text(f"{step}\n")
         (ckpt / "weights.bin").write_bytes(os.urandom(64 << 10))
-    Path(target.inductor_cache_dir).mkdir(parents=True, exist_ok=True)
-    (Path(target.inductor_cache_dir) / "stale.so").write_text("old kernel")
+    # Laid out as inductor lays out its cache: code in two-character hash folders.
+    (Path(target.inductor_cache_dir) / "st").mkdir(parents=True, exist_ok=True)
+    (Path(target.inductor_cache_dir) / "st" / "cstale.so").write_text("old kernel")
     if logs:
         Path(target.log_dir).mkdir(parents=True, exist_ok=True)
         (Path(target.log_dir) / "earlier-run.log").write_text("step=1 loss=9.9\n")
@@ -224,19 +228,47 @@ def crash_loop(tmp_path_factory, prefect_harness):
             reap(target)
 
 
-def kill_orchestrator_when(target: Target, work: Path, api_url: str, ready, what: str) -> str:
+def kill_orchestrator_when(target: Target, work: Path, api_url: str, ready, what: str, *flags: str) -> str:
     """Run `relaunch recover TARGET.yaml` as a real process; SIGKILL it (and the host commands it runs) once ready(gate)."""
     gate = work / "gate"
     gate.mkdir(parents=True)
     output = work / "orchestrator.out"
-    proc = start_cli(["recover", str(write_target(target, work / "target.yaml"))], cli_env(work / "prefect-home", api_url, FAULT_GATE=str(gate)), output)
+    proc = start_cli(["recover", *flags, str(write_target(target, work / "target.yaml"))], cli_env(work / "prefect-home", api_url, FAULT_GATE=str(gate)), output)
+    GATES.append(gate)
     try:
         wait_for(lambda: ready(gate) or proc.poll() is not None, CLI_TIMEOUT, what)
         assert proc.poll() is None, f"the orchestrator ended before {what}:\n{output.read_text()[-3000:]}"
     finally:
+        # What a SIGKILLed worker loses: its own process group. Host commands under `timeout` lead
+        # their own groups and run on, blocked at the gate until the next recovery stops them.
         kill_group(proc)
-        (gate / "open").touch()
     return output.read_text()
+
+
+GATES: list[Path] = []
+
+
+@pytest.fixture(autouse=True)
+def open_gates_at_teardown():
+    """Whatever a test leaves blocked at a gate may finish once the test is over."""
+    yield
+    while GATES:
+        (GATES.pop() / "open").touch()
+
+
+def leftovers(target: Target) -> list[int]:
+    """PIDs of tracked host commands (STATE/inflight records) still alive with their recorded start time."""
+    folder = Path(target.state_path) / "inflight"
+    alive = []
+    for rec in sorted(folder.iterdir()) if folder.is_dir() else []:
+        pid, start = rec.read_text().split()[:2]
+        if start_time(int(pid)) == start:
+            alive.append(int(pid))
+    return alive
+
+
+def stopped_leftovers(report: Report) -> list[str]:
+    return next(s.detail["stopped"] for s in report.preflight if s.step == "stop_leftovers")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +470,7 @@ def test_recovering_twice_in_a_row_changes_nothing_the_second_time(made):
     assert diff(before, host_tree(t, live=(log,))) == []
 
 
-@case(RESUMABLE, "orchestrator (`relaunch recover`) SIGKILLed with its host commands inside rebuild_venv (venv marked `.relaunch-building`)", "recover again: healthy, one trainer; the half-built venv is moved aside as `VENV.incomplete-*`, never used; the user's venv still kept")
+@case(RESUMABLE, "orchestrator (`relaunch recover`) SIGKILLed inside rebuild_venv, as a killed worker is: its process group dies, the import check it started runs on under `timeout` (venv marked `.relaunch-building`)", "recover again: first stops the leftover by its recorded PID and group, then healthy, one trainer; the half-built venv is moved aside as `VENV.incomplete-*`, never used; the user's venv still kept")
 def test_an_orchestrator_killed_while_rebuilding_the_venv_is_resumed_and_the_half_built_venv_is_never_used(made, tmp_path, api_url):
     t = made(import_check=["tinyjunk", "gate"])
     commit(t, {"gate.py": GATE_PY})
@@ -446,8 +478,11 @@ def test_an_orchestrator_killed_while_rebuilding_the_venv_is_resumed_and_the_hal
     venv = Path(t.venv_dir)
     kill_orchestrator_when(t, tmp_path / "kill", api_url, lambda g: (g / "import-entered").exists() and (venv / BUILDING_MARKER).exists(), "the import check inside rebuild_venv")
     assert (venv / BUILDING_MARKER).exists() and Path(lock_path(t)).exists(), "killed mid-build, lock left behind"
+    orphans = leftovers(t)
+    assert orphans, "the import check outlived the orchestrator, as it does when a worker is SIGKILLed"
     report = recover_training(t)
     assert report.verdict is Verdict.HEALTHY, report.timeline()
+    assert stopped_leftovers(report) and not any(start_time(p) for p in orphans), "the next recovery stopped the leftover first"
     assert not (venv / BUILDING_MARKER).exists()
     incomplete = venvs_beside(t, "incomplete")
     assert len(incomplete) == 1 and (incomplete[0] / BUILDING_MARKER).exists()
@@ -456,17 +491,54 @@ def test_an_orchestrator_killed_while_rebuilding_the_venv_is_resumed_and_the_hal
     assert not Path(lock_path(t)).exists()
 
 
-@case(RESUMABLE, "orchestrator SIGKILLed with its host commands during the warm-up (cache half written)", "recover again: healthy, one trainer; the half-written cache is cleared and warmed afresh")
+@case(RESUMABLE, "orchestrator SIGKILLed during the warm-up, as a killed worker is: the warm-up runs on under `timeout` (cache half written)", "recover again: first stops the leftover warm-up by its recorded PID and group, then healthy, one trainer; the cache is the fresh warm-up's alone")
 def test_an_orchestrator_killed_during_warm_up_is_resumed_with_a_fresh_cache(made, tmp_path, api_url):
     t = made(warmup_command=GATED_WARMUP)
     lived_in(t)
     cache = Path(t.inductor_cache_dir)
     kill_orchestrator_when(t, tmp_path / "kill", api_url, lambda g: (g / "warmup-entered").exists(), "the warm-up to start")
     assert (cache / "half-written.bin").exists() and not (cache / "kernel.bin").exists()
+    orphans = leftovers(t)
+    assert orphans, "the warm-up outlived the orchestrator, as it does when a worker is SIGKILLed"
     report = recover_training(t)
     assert report.verdict is Verdict.HEALTHY, report.timeline()
-    assert sorted(p.name for p in cache.iterdir()) == ["kernel.bin"]
+    assert stopped_leftovers(report) and not any(start_time(p) for p in orphans), "the next recovery stopped the leftover first"
+    assert (cache / "kernel.bin").read_text() == "warmed\n"
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".relaunch-")) == ["kernel.bin"]
     assert not (Path(t.venv_dir) / BUILDING_MARKER).exists()
+    assert len(live_trainers(t)) == 1 and len(live_supervisor_groups(t)) == 1
+
+
+@case(RESUMABLE, "a healthy run; `relaunch recover --force` SIGKILLed inside rebuild_venv (the trainer already stopped, the venv marked `.relaunch-building`)", "the next `recover` sees the marker and rebuilds the venv before relaunching (not a plain relaunch onto the half-built venv): healthy, one trainer, the venv complete")
+def test_a_recovery_killed_mid_rebuild_from_a_healthy_run_is_finished_by_the_next_one(made, tmp_path, api_url):
+    t = made(import_check=["tinyjunk", "gate"])
+    commit(t, {"gate.py": GATE_PY})
+    lived_in(t)
+    assert recover_training(t).verdict is Verdict.HEALTHY
+    venv = Path(t.venv_dir)
+    kill_orchestrator_when(t, tmp_path / "kill", api_url, lambda g: (g / "import-entered").exists() and (venv / BUILDING_MARKER).exists(), "the import check inside rebuild_venv", "--force")
+    assert not live_trainers(t), "the forced recovery had stopped the trainer"
+    report = recover_training(t)
+    first = report.attempts[0]
+    assert "interrupted during rebuild_venv" in first.why and "rebuild_venv" in [s.step for s in first.steps], report.timeline()
+    assert report.verdict is Verdict.HEALTHY and not (venv / BUILDING_MARKER).exists()
+    assert len(live_trainers(t)) == 1 and len(live_supervisor_groups(t)) == 1
+
+
+@case(RESUMABLE, "a healthy run; `relaunch recover --force` SIGKILLed during the warm-up (cache a third written, marked `.relaunch-warming`)", "the next `recover` sees the marker and re-warms before relaunching (not a plain relaunch onto the partial cache): healthy, one trainer, a complete cache")
+def test_a_recovery_killed_mid_warm_up_from_a_healthy_run_is_finished_by_the_next_one(made, tmp_path, api_url):
+    t = made(warmup_command=GATED_WARMUP)
+    lived_in(t)
+    assert recover_training(t).verdict is Verdict.HEALTHY
+    cache = Path(t.inductor_cache_dir)
+    kill_orchestrator_when(t, tmp_path / "kill", api_url, lambda g: (g / "warmup-entered").exists(), "the warm-up to start", "--force")
+    assert (cache / ".relaunch-warming").exists()
+    report = recover_training(t)
+    first = report.attempts[0]
+    assert "interrupted during warm_cache" in first.why and "warm_cache" in [s.step for s in first.steps], report.timeline()
+    assert report.verdict is Verdict.HEALTHY
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".relaunch-")) == ["kernel.bin"]
+    assert not (cache / ".relaunch-warming").exists()
     assert len(live_trainers(t)) == 1 and len(live_supervisor_groups(t)) == 1
 
 

@@ -11,10 +11,11 @@ from relaunch.verdicts import Cause, Verdict
 
 HOST = Path(__file__).parent / "fixtures" / "gpu_host"
 T = Thresholds(expected_gpus=1)
+NONCE = "gpuhostcheck"  # bench/gpu_host_check/make_run.py
 
 
 def polls():
-    return [parse_snapshot((HOST / f"poll_{i}.txt").read_text(), "h200") for i in range(1, 13)]
+    return [parse_snapshot((HOST / f"poll_{i}.txt").read_text(), "h200", NONCE) for i in range(1, 13)]
 
 
 def test_a_gpu_trainer_goes_from_starting_to_healthy_as_its_step_lines_arrive():
@@ -37,6 +38,6 @@ def test_gpu_samples_come_back_from_the_poll_with_memory_and_utilisation():
 def test_stop_ended_every_process_and_released_the_gpu():
     assert "stopped (" in (HOST / "stop.txt").read_text()
     assert parse_gpu_csv((HOST / "gpu_after_stop.csv").read_text())[0].memory_used_mib == 0
-    after = parse_snapshot((HOST / "poll_after_stop.txt").read_text(), "h200")
+    after = parse_snapshot((HOST / "poll_after_stop.txt").read_text(), "h200", NONCE)
     d = diagnose(after, T)
     assert (after.exit_code, d.verdict, d.cause) == (143, Verdict.CRASHED, Cause.KILLED)

@@ -114,6 +114,7 @@ def test_relaunch_resumes_from_the_newest_checkpoint(target):
     ckpt = Path(target.checkpoint_dir)
     for name in ("step_90", "step_600", "step_200"):
         (ckpt / name).mkdir(parents=True)
+        (ckpt / name / "weights.bin").write_bytes(b"w")
     record, _ = launch.fn(target, 1)
     assert record.checkpoint == f"{ckpt}/step_600"
     assert record.command.endswith(f"{ckpt}/step_600")
@@ -157,10 +158,11 @@ def test_a_lock_that_cannot_be_installed_fails_and_puts_the_old_venv_back(made):
 
 def test_warm_up_runs_in_the_repo_with_the_trainers_cache_dir_and_env(made):
     t = made(warmup_command='echo "$TORCHINDUCTOR_CACHE_DIR $FOO $PWD" > "$TORCHINDUCTOR_CACHE_DIR/seen"', env={"FOO": "bar baz"})
-    Path(t.inductor_cache_dir).mkdir()
-    (Path(t.inductor_cache_dir) / "stale.so").write_text("old")
+    (Path(t.inductor_cache_dir) / "ab").mkdir(parents=True)
+    (Path(t.inductor_cache_dir) / "ab" / "cabstale.so").write_text("old")
     step = warm_cache.fn(t)
-    assert not (Path(t.inductor_cache_dir) / "stale.so").exists()
+    assert not (Path(t.inductor_cache_dir) / "ab").exists()
+    assert not list(Path(t.inductor_cache_dir).parent.glob("*.relaunch-cleared-*")), "a cache-only aside copy is removed"
     assert (Path(t.inductor_cache_dir) / "seen").read_text().strip() == f"{t.inductor_cache_dir} bar baz {t.repo_dir}"
     assert step.detail["cache_bytes"] > 0
 

@@ -26,6 +26,8 @@ target = Target(
     tmux_session="relaunch-gpu-check", log_dir=f"{W}/logs", thresholds=Thresholds(expected_gpus=1),
 )
 launch, _ = plan_launch(target, "gpu-a1", None)
+# Fixed, so the fixtures can be parsed back; relaunch itself draws a fresh nonce per poll.
+NONCE = "gpuhostcheck"
 
 
 def line(command) -> str:
@@ -39,13 +41,13 @@ rm -rf {W}; mkdir -p {W}/repo && cp "$(dirname "$0")/cuda_trainer.py" {W}/repo/
 FINAL=$OUT; OUT=$(mktemp -d)
 {line(launch)} > "$OUT/launch.txt" 2>&1; echo "launch rc=$?" >> "$OUT/rcs.txt"
 for i in $(seq 1 12); do
-  {line(plan_snapshot(target, 3))} > "$OUT/poll_$i.txt" 2>&1
+  {line(plan_snapshot(target, 3, NONCE))} > "$OUT/poll_$i.txt" 2>&1
 done
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader > "$OUT/apps_running.csv" 2>&1
 start=$(date +%s%N)
 {line(plan_stop(target))} > "$OUT/stop.txt" 2>&1; echo "stop rc=$? ms=$(( ($(date +%s%N) - start) / 1000000 ))" >> "$OUT/rcs.txt"
 nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader > "$OUT/gpu_after_stop.csv" 2>&1
-{line(plan_snapshot(target, 0))} > "$OUT/poll_after_stop.txt" 2>&1
+{line(plan_snapshot(target, 0, NONCE))} > "$OUT/poll_after_stop.txt" 2>&1
 cp {W}/logs/*.log "$OUT/trainer.log"
 tar -C "$OUT" -cf "$FINAL/gpu_host_check.tar" .
 """)

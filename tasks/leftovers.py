@@ -1,0 +1,61 @@
+"""Before a recovery acts: stop host commands that a killed orchestrator left running.
+
+A SIGKILLed worker cannot stop its host commands: each runs under `timeout`, which leads its own
+process group, so a half-done `uv pip sync` or warm-up goes on writing into the venv or cache the
+next recovery rebuilds. Tracked commands record PID, start time and group in `STATE/inflight/`;
+under the target lock, every record whose PID is still alive with that start time is such a
+leftover, and its whole group is stopped. Only recorded PIDs, never a name pattern.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from relaunch.commands import Command, script
+from relaunch.config import Target
+from relaunch.hostscripts import PROC_HELPERS
+from tasks.common import StepRecord, execute, log, step_task, timed
+
+REAP = PROC_HELPERS + r"""
+dir=$1 timeout_s=$2
+[ -d "$dir" ] || exit 0
+for rec in "$dir"/*; do
+  [ -f "$rec" ] || continue
+  read -r pid start pgid ppid < "$rec" || { rm -f -- "$rec"; continue; }
+  # Only a group our own `timeout` leads (the recorded shell's parent) is ours to signal as a group.
+  [ "$pgid" = "$ppid" ] || pgid=$pid
+  if ! alive "$pid" "$start"; then rm -f -- "$rec"; continue; fi
+  echo "stopping ${rec##*/} (PID $pid, process group $pgid), left running by a killed recovery"
+  kill -TERM -- "-$pgid" 2>/dev/null; kill -TERM "$pid" 2>/dev/null
+  end=$(( $(date +%s) + timeout_s ))
+  while alive "$pid" "$start" && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
+  if alive "$pid" "$start"; then kill -KILL -- "-$pgid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; sleep 0.2; fi
+  alive "$pid" "$start" && { echo "could not stop PID $pid"; exit 3; }
+  # The group may hold children that outlived the recorded shell.
+  kill -KILL -- "-$pgid" 2>/dev/null
+  rm -f -- "$rec"
+done
+"""
+
+
+def inflight_dir(target: Target) -> str:
+    return f"{target.state_path}/inflight"
+
+
+def tracked(target: Target, command: Command) -> Command:
+    """The same command, recorded on the host while it runs."""
+    return replace(command, track_in=inflight_dir(target))
+
+
+def plan_reap(target: Target, timeout_seconds: int = 20) -> Command:
+    return script(REAP, inflight_dir(target), str(timeout_seconds), label="stop leftovers of a killed recovery", timeout_seconds=timeout_seconds * 4 + 30)
+
+
+@step_task("stop_leftovers")
+def stop_leftovers(target: Target) -> StepRecord:
+    with timed("stop_leftovers") as detail:
+        out = execute(target, plan_reap(target), advice="stop the listed PIDs by hand, then run again").stdout
+        detail["stopped"] = [line for line in out.splitlines() if line.startswith("stopping ")]
+        for line in detail["stopped"]:
+            log().warning("%s", line)
+    return StepRecord(step="stop_leftovers", seconds=detail.pop("seconds"), detail=detail)
