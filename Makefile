@@ -24,14 +24,14 @@ $(VENV)/.installed: pyproject.toml
 
 # torch and its dependencies as wheels for the demo's target venvs: filled once, read offline after.
 $(WHEELS)/.complete: $(VENV)/.installed
-	$(PY) -m pip download -q '$(TORCH)' numpy -d $(WHEELS)
+	$(PY) -m pip download -q '$(TORCH)' numpy py-spy -d $(WHEELS)
 	touch $@
 
 demo: setup
 	$(VENV)/bin/relaunch demo --scenario $(SCENARIO)
 
 demo-all: setup
-	for s in healthy missing-dependency fx-race silent-death degraded; do $(VENV)/bin/relaunch demo --scenario $$s || exit 1; done
+	for s in healthy missing-dependency fx-race silent-death degraded diverged broken-checkpoint; do $(VENV)/bin/relaunch demo --scenario $$s || exit 1; done
 
 test: setup
 	$(PY) -m pytest -q

@@ -15,7 +15,7 @@ from pathlib import Path
 from demo.target import GOOD_PINS, base_pins, build_repo, make_target, wheelhouse
 from demo.wheels import build_all
 from relaunch.config import Target
-from relaunch.transport import run, transport_for
+from relaunch.transport import local_env, run, transport_for
 from tasks.health import collect_snapshot
 from tasks.launch import launch
 from tasks.stop import plan_stop
@@ -40,6 +40,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("fx-race", "the venv drifted to tinyattn 1.1, which FX-traces in a thread", "fx_tracing_race", "crashed"),
         Scenario("silent-death", "the trainer and its tmux session killed after a checkpoint", "silent_exit", "crashed"),
         Scenario("degraded", "the model file hacked to skip torch.compile: 4x slower", None, "degraded"),
+        Scenario("diverged", "launched by hand with a learning-rate spike at step 25: the loss goes nan", None, "diverged"),
+        Scenario("broken-checkpoint", "the newest checkpoint truncated (a save cut short), and the run resumed from it", "broken_checkpoint", "crashed"),
     ]
 }
 
@@ -82,9 +84,10 @@ def prepare(scenario: str, work: Path) -> Target:
 
 def _user_venv(target: Target, extra: list[str]) -> None:
     flags = ["--no-index", *sum((["--find-links", f] for f in target.find_links), [])]
-    subprocess.run(["uv", "venv", "-q", "--python", target.python, target.venv_dir], check=True)
+    env = local_env()  # relaunch's own uv, also from a shell whose PATH lacks it
+    subprocess.run(["uv", "venv", "-q", "--python", target.python, target.venv_dir], check=True, env=env)
     for spec in (["-r", target.lock_path], extra):  # the lock, then what was added by hand later
-        subprocess.run(["uv", "pip", "install", "-q", "--python", f"{target.venv_dir}/bin/python", *flags, *spec], check=True)
+        subprocess.run(["uv", "pip", "install", "-q", "--python", f"{target.venv_dir}/bin/python", *flags, *spec], check=True, env=env)
 
 
 def _launch_broken(target: Target) -> None:
@@ -123,7 +126,29 @@ def _slow(target: Target) -> None:
     _launch_broken(target)
 
 
+def _diverge(target: Target) -> None:
+    # The run as someone launched it by hand, with a bad schedule; relaunch later uses the target's own command.
+    spiked = target.model_copy(update={"launch_command": f"{target.launch_command} --lr-jump-at 25"})
+    _launch_broken(spiked)
+    _wait_until(target, "a nan loss", lambda s: any("loss=nan" in line for line in s.log_tail[-3:]))
+    say("the loss went nan after the learning-rate spike at step 25")
+
+
+def _truncate_newest_checkpoint(target: Target) -> None:
+    _launch_broken(target)
+    ckpt = Path(target.checkpoint_dir or "")
+    _wait_until(target, "two checkpoints", lambda s: len(list(ckpt.glob("step_*.pt"))) >= 2)
+    run(transport_for(target.host), plan_stop(target, 20))
+    newest = max(ckpt.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+    # What a save cut short leaves: the first part of the archive, without its central directory.
+    os.truncate(newest, newest.stat().st_size // 2)
+    say(f"truncated {newest.name} to half its size; resuming from it")
+    _crash(target)
+
+
 BREAKERS: dict[str, Callable[[Target], None]] = {
+    "diverged": _diverge,
+    "broken-checkpoint": _truncate_newest_checkpoint,
     "missing-dependency": _crash,
     "fx-race": _crash,
     "silent-death": _silent_death,

@@ -6,44 +6,50 @@ no second trainer is ever started beside a live one (recover-training checks aga
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, tags
 
 from flows.common import attempt_from, publish
-from flows.recover import recover_training
+from flows.outcome import FINE, final_state, report_of, run_tags, tag_flow_run
+from flows.recover import checked, recover_training
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.playbook import remedy
 from relaunch.report import Report
 from relaunch.verdicts import Verdict
-from tasks.health import check_health
 
 # Verdicts worth a recovery. healthy / finished / starting are left alone.
 RECOVERABLE = frozenset({Verdict.CRASHED, Verdict.STALLED, Verdict.DEGRADED, Verdict.UNKNOWN})
 
 
-@flow(name="check-training", flow_run_name="check-{target.name}", log_prints=True)
+@flow(name="check-training", flow_run_name="check-{target.name}", log_prints=True, persist_result=True)
 def check_training(target: Target, recover: bool = False) -> Report:
-    """Poll the trainer until its verdict settles and report it; with `recover`, recover a crashed, stalled, degraded or never-launched run."""
+    """Poll the trainer until its verdict settles and report it; with `recover`, recover a crashed, stalled, degraded or never-launched run.
+
+    Ends Completed only when the target is (or ends) healthy, starting or finished; a sick run that was
+    not recovered, or a recovery that gave up, ends Failed with the report as the state's data.
+    """
     report = Report(target=target.name, host=target.host.label, flow="check-training")
-    health = check_health(target)
+    tag_flow_run(target)
+    with tags(*run_tags(target)):
+        health = checked(target, 1)
     action, why = remedy(health.diagnosis)
     verdict = health.diagnosis.verdict
     act = recover and verdict in RECOVERABLE
     report.attempts.append(attempt_from(1, health, action, f"recovering through recover-training: {why}" if act else f"would do: {why}"))
     report.gpus = health.snapshot.gpus
     if not act:
-        report.finish(health.diagnosis.summary)
+        report.finish(health.diagnosis.summary if verdict in FINE else f"{health.diagnosis.summary}; not asked to recover: {why}")
         publish(report)
-        return report
+        return final_state(report)  # type: ignore[return-value]
     try:
-        recovery = recover_training(target)
+        recovery = report_of(recover_training(target, return_state=True))
     except RelaunchError as exc:
         report.finish(f"check found {verdict.value}; recover-training failed: {exc}")
         publish(report)
         raise
     merge_recovery(report, recovery)
     publish(report)
-    return report
+    return final_state(report)  # type: ignore[return-value]
 
 
 def merge_recovery(report: Report, recovery: Report) -> Report:

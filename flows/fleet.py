@@ -17,11 +17,13 @@ from typing import Annotated
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
+from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import BaseModel, Field
 
 from flows.check import RECOVERABLE, merge_recovery
 from flows.common import attempt_from
+from flows.outcome import FINE, report_of
 from flows.recover import host_limit_name, recover_training
 from relaunch.config import Target
 from relaunch.playbook import Action, remedy
@@ -79,14 +81,14 @@ def recover_host(host: str, targets: list[Target]) -> list[Report | str]:
     out: list[Report | str] = []
     for target in targets:
         try:
-            out.append(recover_training(target))
+            out.append(report_of(recover_training(target, return_state=True)))
         except Exception as exc:  # noqa: BLE001 - one target's failure is a row in the table, not the fleet's end
             log().error("recovery of %s on %s failed: %s", target.name, host, exc)
             out.append(f"{type(exc).__name__}: {exc}")
     return out
 
 
-@flow(name="check-fleet", log_prints=True)
+@flow(name="check-fleet", log_prints=True, persist_result=True)
 def check_fleet(
     targets: list[Target],
     recover: bool = True,
@@ -124,7 +126,10 @@ def check_fleet(
     fleet.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     log().info("%s", fleet.summary())
     _publish(fleet)
-    return fleet
+    if all(r.verdict in FINE for r in fleet.rows):
+        return fleet
+    sick = [f"{r.target}: {r.verdict.value if r.verdict else 'check failed'}" for r in fleet.rows if r.verdict not in FINE]
+    return Failed(message=f"{len(sick)} of {fleet.targets} targets not healthy: {', '.join(sick)}"[:480], data=fleet)  # type: ignore[return-value]
 
 
 def _refuse_duplicates(targets: list[Target]) -> None:

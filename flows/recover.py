@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 
-from prefect import flow
+from prefect import flow, tags
 from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 
 from flows.common import attempt_from, publish
+from flows.outcome import emit, final_state, is_fine, run_tags, tag_flow_run
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
-from relaunch.playbook import Action, Step, choose_action, steps_for
+from relaunch.playbook import Action, Step, choose_action, resume_constraints, steps_for
 from relaunch.report import Report, StepLine
 from relaunch.verdicts import Verdict
 from tasks.common import log
+from tasks.capture_stacks import capture_stacks
 from tasks.health import HealthResult, check_health
 from tasks.install_package import install_package
 from tasks.launch import launch
@@ -42,28 +44,60 @@ def run_steps(target: Target, action: Action, health: HealthResult, attempt: int
             record = restore_code(target)
         elif step is Step.WARM_CACHE:
             record = warm_cache(target)
+        elif step is Step.CAPTURE_STACKS:
+            record = capture_stacks(target, health.snapshot)
         else:
-            run, record = launch(target, attempt)
+            before_step, refuse = resume_constraints(health.diagnosis)
+            run, record = launch(target, attempt, before_step=before_step, refuse=refuse)
             run_id = run.run_id
         steps.append(StepLine(step=record.step, seconds=record.seconds, detail=record.detail))
     return steps, run_id
 
 
-@flow(name="recover-training", flow_run_name="recover-{target.name}", log_prints=True)
+@flow(name="recover-training", flow_run_name="recover-{target.name}", log_prints=True, persist_result=True)
 def recover_training(target: Target, force: bool = False) -> Report:
-    """Diagnose the current run, then act on the verdict through the playbook until healthy or out of attempts."""
+    """Diagnose the current run, then act on the verdict through the playbook until healthy or out of attempts.
+
+    Ends Completed only when the target ends healthy, starting or finished; otherwise Failed, with the
+    report as the state's data (`state.result(raise_on_failure=False)`) and as the run's artifact.
+    """
     report = Report(target=target.name, host=target.host.label, flow="recover-training")
     run_ctx = FlowRunContext.get()
     flow_run = str(run_ctx.flow_run.id) if run_ctx and run_ctx.flow_run else ""
-    # Server-side: one recovery per host across all workers (a no-op where no limit exists).
-    # Host-side: the lock folder, which also holds with no server at all.
-    # Preflight only reads: it runs before the lock, so bad input creates nothing at all.
-    pre = preflight(target)
-    report.preflight.append(StepLine(step=pre.step, seconds=pre.seconds, detail=pre.detail))
-    with host_slot(target), target_lock(target, flow_run):
-        left = stop_leftovers(target)
-        report.preflight.append(StepLine(step=left.step, seconds=left.seconds, detail=left.detail))
-        return _recover(target, force, report)
+    tag_flow_run(target)
+    with tags(*run_tags(target)):
+        # Preflight only reads: it runs before the lock, so bad input creates nothing at all.
+        pre = preflight(target)
+        report.preflight.append(StepLine(step=pre.step, seconds=pre.seconds, detail=pre.detail))
+        # Server-side: one recovery per host across all workers (a no-op where no limit exists).
+        # Host-side: the lock folder, which also holds with no server at all.
+        with host_slot(target), target_lock(target, flow_run):
+            left = stop_leftovers(target)
+            report.preflight.append(StepLine(step=left.step, seconds=left.seconds, detail=left.detail))
+            report = _recover(target, force, report)
+    announce(target, report)
+    return final_state(report)  # type: ignore[return-value]
+
+
+def announce(target: Target, report: Report) -> None:
+    """The recovery's ending as an event an automation can act on."""
+    acted = any(a.action not in (Action.NONE, Action.ESCALATE) for a in report.attempts)
+    last = report.attempts[-1] if report.attempts else None
+    labels = {"cause": report.cause.value if report.cause else None, "attempt": len(report.attempts)}
+    if last and last.action is Action.ESCALATE:
+        emit("relaunch.recovery.escalated", target, report, **labels)
+    elif report.ok and acted:
+        emit("relaunch.recovery.succeeded", target, report, **labels)
+    elif not is_fine(report):
+        emit("relaunch.recovery.failed", target, report, **labels)
+
+
+def checked(target: Target, attempt: int) -> HealthResult:
+    """A health check, announced as `relaunch.verdict.<verdict>`."""
+    health = check_health(target)
+    d = health.diagnosis
+    emit(f"relaunch.verdict.{d.verdict.value}", target, None, cause=d.cause.value if d.cause else None, attempt=attempt, summary=d.summary[:200])
+    return health
 
 
 def host_slot(target: Target) -> AbstractContextManager[object]:
@@ -83,8 +117,8 @@ def host_limit_name(target: Target) -> str:
 
 
 def _recover(target: Target, force: bool, report: Report) -> Report:
-    health = check_health(target)
-    history = []
+    health = checked(target, 1)
+    history: list = []
     for number in range(1, target.max_attempts + 2):
         actions_taken = number - 1
         left = target.max_attempts - actions_taken
@@ -95,14 +129,18 @@ def _recover(target: Target, force: bool, report: Report) -> Report:
         log().info("attempt %d: %s%s -> %s", number, health.diagnosis.verdict.value, f" ({health.diagnosis.cause.value})" if health.diagnosis.cause else "", action.value)
         if action in (Action.NONE, Action.ESCALATE):
             break
+        if not history:
+            emit("relaunch.recovery.started", target, None, cause=health.diagnosis.cause.value if health.diagnosis.cause else None, attempt=number, action=action.value)
         history.append(health.diagnosis)
         try:
             attempt.steps, attempt.run_id = run_steps(target, action, health, number)
         except RelaunchError as exc:
-            # The report still reaches the UI: which attempt, which step, what the host said.
+            # The report still reaches the UI and the exception: which attempt, which step, what the host said.
             publish(report.finish(f"attempt {number} ({action.value}) failed: {exc}"))
+            emit("relaunch.recovery.failed", target, report, cause=health.diagnosis.cause.value if health.diagnosis.cause else None, attempt=number, step_failed=type(exc).__name__)
+            exc.report = report  # type: ignore[attr-defined]
             raise
-        health = check_health(target)
+        health = checked(target, number + 1)
     final = report.attempts[-1]
     message = final.why if final.action is Action.ESCALATE else ("healthy" if final.verdict is Verdict.HEALTHY else final.summary)
     report.finish(message)

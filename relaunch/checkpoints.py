@@ -57,15 +57,16 @@ def skip_reason(entry: Entry) -> str | None:
     return None
 
 
-def choose(entries: list[Entry], refused: set[str] | None = None, before_step: int | None = None) -> Choice:
-    """The highest step number wins; equal steps go to the newest. `refused` names are never taken again."""
+def choose(entries: list[Entry], refused: set[tuple[int, str]] | None = None, before_step: int | None = None) -> Choice:
+    """The highest step number wins; equal steps go to the newest. `refused` (mtime in whole seconds, name)
+    entries failed to load once and are never taken again; a newer file under the same name is."""
     refused = refused or set()
     candidates: list[tuple[int, float, str]] = []
     skipped: list[str] = []
     for entry in sorted(entries, key=lambda e: e.name):
         reason = skip_reason(entry)
-        if reason is None and entry.name in refused:
-            reason = "skipped by an earlier recovery (it failed to load)"
+        if reason is None and (int(entry.mtime), entry.name) in refused:
+            reason = "failed to load in an earlier attempt (recorded in the state folder; kept, never deleted)"
         step = step_of(entry.name)
         if reason is None and before_step is not None and step is not None and step >= before_step:
             reason = f"written at or after step {before_step}"
@@ -86,7 +87,7 @@ def parse_listing(stdout: str) -> list[Entry]:
     entries = []
     for record in stdout.split("\0"):
         parts = record.split(" ", 3)
-        if len(parts) != 4 or not parts[3]:
+        if len(parts) != 4 or not parts[3] or parts[0] == "S":
             continue
         kind, mtime, empty, name = parts
         try:

@@ -1,22 +1,77 @@
-"""`relaunch`: demo, diagnose, check, recover."""
+"""`relaunch`: demo, diagnose, check, recover, stop, logs, fleet, rollback-venv."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
 from relaunch.config import Thresholds, load_target
-from relaunch.errors import RelaunchError
+from relaunch.errors import ConfigError, PreflightFailed, RelaunchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Bring a dead or sick training run back to health, and say why it died.")
+EXIT_CODES = (
+    "Exit codes: 0 healthy, starting or finished; 1 not healthy (escalated, out of attempts, a step failed, "
+    "another recovery holds the target); 2 bad input (the target file, a preflight problem); "
+    "3 an unexpected error (run again with --debug for the traceback)."
+)
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Bring a dead or sick training run back to health, and say why it died.\n\n" + EXIT_CODES)
+DEBUG = {"on": False}
+FINE_VERDICTS = ("healthy", "starting", "finished")
 
 
-def _print_report(report, as_json: bool) -> None:
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"relaunch {version('relaunch')}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="Show the full traceback of an unexpected error."),
+    _: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    DEBUG["on"] = debug
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """One clean line for every failure: what failed and what to do; the traceback only with --debug."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except (ConfigError, PreflightFailed) as exc:
+        print(f"relaunch: {exc}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    except RelaunchError as exc:
+        print(f"relaunch: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        print("relaunch: interrupted", file=sys.stderr)
+        raise typer.Exit(130) from None
+    except BrokenPipeError:
+        # `relaunch logs -f | head`: the reader left; no error, and no second one at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+    except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes a line and exit 3
+        if DEBUG["on"]:
+            traceback.print_exc()
+        last = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        print(f"relaunch: unexpected error: {last}\n  what to do: run again with --debug for the traceback, and report it if it looks like a bug", file=sys.stderr)
+        raise typer.Exit(3) from None
+
+
+def _print_report(report: Any, as_json: bool) -> None:
     if as_json:
         print(json.dumps(report.model_dump(mode="json"), indent=2))
         return
@@ -24,14 +79,20 @@ def _print_report(report, as_json: bool) -> None:
     print(f"verdict: {report.verdict.value if report.verdict else 'none'}" + (f" ({report.cause.value})" if report.cause else "") + (f": {report.message}" if report.message else ""))
 
 
-def _fail(exc: Exception) -> None:
-    print(f"relaunch: {exc}", file=sys.stderr)
-    raise typer.Exit(2)
+def _exit_for(report: Any) -> None:
+    raise typer.Exit(0 if report.verdict is not None and report.verdict.value in FINE_VERDICTS else 1)
+
+
+def _run_flow(flow: Callable[..., Any], **parameters: Any) -> Any:
+    """The flow's report whether the run Completed or Failed; a step's own error is raised as itself."""
+    from flows.outcome import report_of
+
+    return report_of(flow(**parameters, return_state=True))
 
 
 @app.command()
 def demo(
-    scenario: str = typer.Option("healthy", help="healthy, missing-dependency, fx-race, silent-death, degraded"),
+    scenario: str = typer.Option("healthy", help="healthy, missing-dependency, fx-race, silent-death, degraded, diverged, broken-checkpoint"),
     workdir: Path = typer.Option(Path(".cache/demo"), help="Folder for the demo targets."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     keep_running: bool = typer.Option(False, help="Leave the recovered trainer running in tmux."),
@@ -40,23 +101,39 @@ def demo(
     from demo.scenarios import SCENARIOS, prepare
 
     if scenario not in SCENARIOS:
-        _fail(ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}"))
+        print(f"relaunch: unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}", file=sys.stderr)
+        raise typer.Exit(2)
     from flows.recover import recover_training
 
-    target = prepare(scenario, workdir.resolve() / scenario)
-    try:
-        report = recover_training(target)
-    finally:
-        if not keep_running:
-            from relaunch.transport import run, transport_for
-            from tasks.stop import plan_stop
-
-            run(transport_for(target.host), plan_stop(target, 20), check=False)
+    with _errors():
+        target = prepare(scenario, workdir.resolve() / scenario)
+        target_file = _write_target(target, workdir.resolve() / scenario / "target.yaml")
+        try:
+            report = _run_flow(recover_training, target=target)
+        finally:
+            if not keep_running:
+                _stop(target)
     _print_report(report, as_json)
     if not as_json:
         print(f"logs: {target.log_dir}   patches and run records: {target.state_path}")
         print("the recovered trainer was stopped at the end; --keep-running leaves it in tmux" if not keep_running else f"the trainer runs on: tmux attach -t {target.tmux_session}")
-    raise typer.Exit(0 if report.ok else 1)
+        exe = Path(sys.argv[0]).resolve() if Path(sys.argv[0]).name == "relaunch" else "relaunch"
+        print(f"the demo's target file: {target_file}; try:\n  {exe} check {target_file}\n  {exe} logs {target_file}\n  {exe} stop {target_file}")
+    _exit_for(report)
+
+
+def _write_target(target: Any, path: Path) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(target.model_dump(mode="json", exclude_defaults=True), sort_keys=False))
+    return path
+
+
+def _stop(target: Any, timeout_seconds: int = 60) -> Any:
+    from relaunch.transport import run, transport_for
+    from tasks.stop import plan_stop
+
+    return run(transport_for(target.host), plan_stop(target, timeout_seconds), check=False)
 
 
 @app.command()
@@ -76,37 +153,39 @@ def diagnose(
     from relaunch.logtext import read_log
     from relaunch.snapshot import HealthSnapshot
 
-    try:
-        # Bounded reads: what the host's poll sends (earliest failures, the tail), whatever the log's size.
-        excerpt = read_log(log)
-        kernel = read_log(dmesg, max_matches=0).tail if dmesg else []
-    except RelaunchError as exc:
-        _fail(exc)
-    except OSError as exc:
-        _fail(RelaunchError(f"cannot read {exc.filename}: {exc.strerror}"))
+    with _errors():
+        try:
+            # Bounded reads: what the host's poll sends (earliest failures, the tail), whatever the log's size.
+            excerpt = read_log(log)
+            kernel = read_log(dmesg, max_matches=0).tail if dmesg else []
+        except OSError as exc:
+            raise ConfigError(f"cannot read {exc.filename}: {exc.strerror}") from None
     quiet = seconds_since_log_write if seconds_since_log_write is not None else max(0.0, time.time() - excerpt.mtime)
     snap = HealthSnapshot(host="(saved log)", launched=True, pid_alive=running, exit_code=None if running else exit_code, log_tail=excerpt.tail, log_matches=excerpt.matches, kernel_lines=kernel, seconds_since_launch=1e9 if running else None, seconds_since_log_write=quiet, log_size_bytes=excerpt.size_bytes)
     thresholds = Thresholds(baseline_tokens_per_second=baseline_tokens_per_second)
     d = judge(snap, thresholds)
     if as_json:
         print(json.dumps({"verdict": d.verdict.value, "cause": d.cause.value if d.cause else None, "package": d.package, "summary": d.summary, "evidence": d.evidence, "metrics": d.metrics.model_dump()}, indent=2))
-        return
-    print(f"verdict: {d.verdict.value}" + (f" ({d.cause.value})" if d.cause else "") + f": {d.summary}")
-    for line in d.evidence:
-        print(f"  | {line}")
+    else:
+        print(f"verdict: {d.verdict.value}" + (f" ({d.cause.value})" if d.cause else "") + f": {d.summary}")
+        for line in d.evidence:
+            print(f"  | {line}")
+    raise typer.Exit(0 if d.verdict.value in FINE_VERDICTS else 1)
 
 
 @app.command()
-def check(target_file: Path = typer.Argument(..., help="Target YAML."), as_json: bool = typer.Option(False, "--json")) -> None:
-    """Check a target's health; change nothing."""
+def check(
+    target_file: Path = typer.Argument(..., help="Target YAML."),
+    recover: bool = typer.Option(False, "--recover", help="Recover a crashed, stalled, degraded, diverged or never-launched run (the nightly check)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Check a target's health; change nothing unless --recover."""
     from flows.check import check_training
 
-    try:
-        report = check_training(load_target(target_file))
-    except RelaunchError as exc:
-        _fail(exc)
+    with _errors():
+        report = _run_flow(check_training, target=load_target(target_file), recover=recover)
     _print_report(report, as_json)
-    raise typer.Exit(0 if report.ok else 1)
+    _exit_for(report)
 
 
 @app.command()
@@ -114,12 +193,65 @@ def recover(target_file: Path = typer.Argument(..., help="Target YAML."), force:
     """Recover a target: diagnose, act on the verdict through the playbook, check again."""
     from flows.recover import recover_training
 
-    try:
-        report = recover_training(load_target(target_file), force=force)
-    except RelaunchError as exc:
-        _fail(exc)
+    with _errors():
+        report = _run_flow(recover_training, target=load_target(target_file), force=force)
     _print_report(report, as_json)
-    raise typer.Exit(0 if report.ok else 1)
+    _exit_for(report)
+
+
+@app.command()
+def stop(target_file: Path = typer.Argument(..., help="Target YAML."), timeout_seconds: int = typer.Option(60, help="Wait this long for the trainer to exit before SIGKILL.")) -> None:
+    """Stop the trainer by its records (PID, process group, exact tmux session) and wait for its GPU memory to be released."""
+    with _errors():
+        target = load_target(target_file)
+        result = _stop(target, timeout_seconds)
+    print(result.stdout.strip() or "nothing to stop")
+    if result.exit_code != 0:
+        print(f"relaunch: the stop on {target.host.label} exited {result.exit_code}: {result.tail}\n  what to do: stop it by hand (tmux kill-session -t ={target.tmux_session}; kill its PID)", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+@app.command()
+def logs(
+    target_file: Path = typer.Argument(..., help="Target YAML."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing what the trainer writes (Ctrl-C to stop)."),
+    lines: int = typer.Option(100, "--lines", "-n", help="Lines of the end of the log to print first."),
+) -> None:
+    """Print the current attempt's log (over SSH too); -f follows it."""
+    from relaunch.logview import follow_log, log_path_of, tail_lines
+
+    with _errors():
+        target = load_target(target_file)
+        path = log_path_of(target)
+        print(f"==> {path} on {target.host.label} <==", file=sys.stderr)
+        offset = tail_lines(target, path, lines, sys.stdout)
+        if follow:
+            follow_log(target, path, offset, sys.stdout)
+
+
+@app.command()
+def fleet(
+    fleet_file: Path = typer.Argument(..., help="Fleet YAML: `targets:` (target files, relative to it, or inline targets), optional `max_concurrent:`."),
+    recover: bool = typer.Option(True, "--recover/--check-only", help="Recover the sick targets (default), or only check."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Check many targets at once; recover the sick ones, one recovery per host at a time."""
+    from flows.fleet import check_fleet
+    from relaunch.config import load_fleet
+
+    with _errors():
+        targets, max_concurrent = load_fleet(fleet_file)
+        state = check_fleet(targets=targets, recover=recover, max_concurrent=max_concurrent, return_state=True)
+        result = state.result(raise_on_failure=False)
+        if isinstance(result, BaseException):
+            raise result
+    if as_json:
+        print(json.dumps(result.model_dump(mode="json"), indent=2))
+    else:
+        for row in result.rows:
+            print(f"{row.target:<24} {row.host:<32} {(row.verdict.value if row.verdict else 'error'):<10} {'recovered' if row.recovered else '':<9} {row.message}")
+        print(result.summary())
+    raise typer.Exit(0 if all(r.verdict is not None and r.verdict.value in FINE_VERDICTS for r in result.rows) else 1)
 
 
 @app.command("rollback-venv")
@@ -127,16 +259,20 @@ def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target Y
     """Put the previous venv back (the newest VENV.old-*); the current one is kept as VENV.rolled-back-*."""
     from tasks.rollback_venv import rollback_venv
 
-    try:
+    with _errors():
         step = rollback_venv.fn(load_target(target_file))
-    except RelaunchError as exc:
-        _fail(exc)
     print(f"restored {step.detail['restored_from']}; the replaced venv is kept as {step.detail['rolled_back_to']}")
 
 
 def main() -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # relaunch's own log lines (SSH connects, reconnects, host-key notes) go to the flow run's logs in the UI.
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "relaunch")
+    from relaunch.tempserver import start_for_cli
+
+    # Before anything imports Prefect, and from the main thread: Prefect's own temporary server outlives a killed CLI.
+    start_for_cli(sys.argv[1:])
     app()
 
 

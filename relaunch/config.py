@@ -76,16 +76,18 @@ class Thresholds(_Model):
     degraded_ratio: float = Field(0.5, gt=0, lt=1, description="Fraction of the baseline under which a run is degraded (incident: 4.3/21.5 = 0.2).")
     throughput_pattern: str | None = Field(None, description="Regex with a named group `value` (and optional `unit` k/K) for tokens per second; default reads 20.0Ktok/s, 21500 tok/s, tokens/s, tok/sec.")
     step_pattern: str = Field(r"\bstep[=: ]\s*(?P<step>\d+)", description="Regex with a named group `step` that finds a step line.")
-    expected_gpus: int = Field(0, ge=0, description="GPUs the trainer should use; 0 where there are none (the demo).")
+    expected_gpus: int = Field(0, ge=0, description="GPUs the trainer should use; 0 where there are none (the demo). Fewer listed by nvidia-smi is a GPU fault.")
+    diverged_steps: int = Field(3, ge=1, description="A live run whose last this-many step lines all show a non-finite loss (nan, inf) has diverged.")
+    loss_pattern: str | None = Field(None, description="Regex with a named group `value` for the loss on a step line; default reads loss=nan, loss nan, loss: inf, 'loss': nan, train_loss=3.6.")
 
     @field_validator("step_pattern")
     @classmethod
     def _step_pattern(cls, value: str) -> str:
         return _pattern_with_group(value, "step")
 
-    @field_validator("throughput_pattern")
+    @field_validator("throughput_pattern", "loss_pattern")
     @classmethod
-    def _throughput_pattern(cls, value: str | None) -> str | None:
+    def _value_pattern(cls, value: str | None) -> str | None:
         return None if value is None else _pattern_with_group(value, "value")
 
 
@@ -258,3 +260,28 @@ def format_validation_error(exc: ValidationError) -> str:
         message = err["msg"].removeprefix("Value error, ")
         lines.append(f"  {field}: {message}" if field else f"  {message}")
     return "\n".join(lines)
+
+
+def load_fleet(path: str | Path) -> tuple[list[Target], int]:
+    """A fleet file: `targets:` (paths of target files, relative to the fleet file, or inline targets) and
+    an optional `max_concurrent:`; every target is validated before anything runs."""
+    path = Path(path)
+    data = parse_yaml(path, _read_text(path))
+    if not isinstance(data, dict) or not isinstance(data.get("targets"), list) or not data["targets"]:
+        raise ConfigError(f"{path}: expected `targets:` with a list of target files or targets")
+    unknown = set(data) - {"targets", "max_concurrent"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; a fleet file has `targets` and `max_concurrent`")
+    targets = []
+    for i, item in enumerate(data["targets"]):
+        if isinstance(item, str):
+            targets.append(load_target(path.parent / item))
+            continue
+        try:
+            targets.append(Target.model_validate(item))
+        except ValidationError as exc:
+            raise ConfigError(f"{path}: targets[{i}]: invalid target:\n{format_validation_error(exc)}") from None
+    limit = data.get("max_concurrent", 4)
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 256:
+        raise ConfigError(f"{path}: max_concurrent must be a whole number from 1 to 256, not {limit!r}")
+    return targets, limit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass, field, replace
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pydantic import BaseModel, Field
 
 from relaunch.config import Thresholds
+from relaunch.hardware import disk_full_evidence, gpu_fault_evidence
 from relaunch.snapshot import HealthSnapshot
 from relaunch.verdicts import (
     EXCEPTION_LINE,
@@ -18,6 +20,8 @@ from relaunch.verdicts import (
     SIGNATURES,
     SLOWDOWN_WARNINGS,
     WRAPPER_EXCEPTIONS,
+    DEFAULT_LOSS,
+    NATIVE_SIGNALS,
     Cause,
     Verdict,
 )
@@ -30,6 +34,7 @@ UNIT = {"k": 1e3, "m": 1e6}
 
 class Metrics(BaseModel):
     last_step: int | None = Field(None, description="Highest step number in the log.")
+    first_nonfinite_step: int | None = Field(None, description="Step of the first step line in the tail whose loss is nan or inf.")
     steps_seen: int = Field(0, description="Step lines in the log tail.")
     tokens_per_second: float | None = Field(None, description="Median of the last three throughput readings.")
     gpu_memory_used_mib: list[int] = Field(default_factory=list)
@@ -41,6 +46,8 @@ class Diagnosis(BaseModel):
     cause: Cause | None = None
     package: str | None = Field(None, description="For missing_dependency: the distribution to install.")
     summary: str = Field("", description="One line a person reads first.")
+    checkpoint: str | None = Field(None, description="The checkpoint the attempt was launched with (for broken_checkpoint: the one to skip).")
+    disk_still_full: bool = Field(False, description="disk_full and the poll still finds less free space than the minimum.")
     evidence: list[str] = Field(default_factory=list, description="The log or signal lines that decided.")
     metrics: Metrics = Field(default_factory=Metrics)
 
@@ -69,22 +76,42 @@ class Progress:
 class Reading:
     steps: list[int] = field(default_factory=list)
     throughputs: list[float] = field(default_factory=list)
+    losses: list[float | None] = field(default_factory=list)  # one per step line; None where none is printed
 
 
 def read_log(lines: list[str], thresholds: Thresholds) -> Reading:
     step_re = re.compile(thresholds.step_pattern)
     tput_re = re.compile(thresholds.throughput_pattern) if thresholds.throughput_pattern else DEFAULT_THROUGHPUT
-    steps, tputs = [], []
+    loss_re = re.compile(thresholds.loss_pattern, re.IGNORECASE) if thresholds.loss_pattern else DEFAULT_LOSS
+    steps, tputs, losses = [], [], []
     for line in lines:
         m = step_re.search(line)
         if not m:
             continue
         steps.append(int(m.group("step")))
+        loss = loss_re.search(line)
+        losses.append(_float_or_none(loss.group("value")) if loss else None)
         t = tput_re.search(line)
         if t:
             unit = (t.groupdict().get("unit") or "").lower()
             tputs.append(float(t.group("value")) * UNIT.get(unit, 1.0))
-    return Reading(steps, tputs)
+    return Reading(steps, tputs, losses)
+
+
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def first_nonfinite(reading: Reading) -> int | None:
+    return next((step for step, loss in zip(reading.steps, reading.losses) if loss is not None and not math.isfinite(loss)), None)
+
+
+def diverged(reading: Reading, n: int) -> bool:
+    last = reading.losses[-n:]
+    return len(last) == n and all(loss is not None and not math.isfinite(loss) for loss in last)
 
 
 def advance(progress: Progress, snap: HealthSnapshot, thresholds: Thresholds) -> Progress:
@@ -123,15 +150,30 @@ def stall_window_seconds(progress: Progress, thresholds: Thresholds) -> float:
     return max(thresholds.stall_window_floor_seconds, thresholds.stall_interval_factor * typical)
 
 
-def diagnose(snap: HealthSnapshot, thresholds: Thresholds, progress: Progress | None = None) -> Diagnosis:
+def diagnose(snap: HealthSnapshot, thresholds: Thresholds, progress: Progress | None = None, min_free_disk_gb: float = 0.0) -> Diagnosis:
     """The verdict for one snapshot, given what earlier polls of the same attempt saw."""
     progress = progress or advance(Progress(), snap, thresholds)
     metrics = _metrics(snap, thresholds)
     if not snap.launched and not snap.session_alive and snap.exit_code is None:
         return Diagnosis(verdict=Verdict.UNKNOWN, summary="no trainer on record", evidence=["no launch recorded and no tmux session"], metrics=metrics)
     if snap.exit_code is not None or not snap.pid_alive:
-        return _gone(snap, metrics)
+        return _hardware(snap, thresholds, metrics, min_free_disk_gb) or _gone(snap, metrics)
     return _alive(snap, thresholds, progress, metrics)
+
+
+def _hardware(snap: HealthSnapshot, t: Thresholds, metrics: Metrics, min_free_disk_gb: float) -> Diagnosis | None:
+    """A failed GPU or a full disk outranks whatever the trainer printed: its errors are their knock-on."""
+    gpu = gpu_fault_evidence(snap, t.expected_gpus)
+    if gpu:
+        return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.GPU_FAULT, summary=gpu[0], evidence=[*gpu, *_kernel_note(snap)], metrics=metrics)
+    full = disk_full_evidence(snap, min_free_disk_gb)
+    if full:
+        return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.DISK_FULL, summary=full[0], evidence=full, metrics=metrics, disk_still_full=True)
+    return None
+
+
+def _kernel_note(snap: HealthSnapshot) -> list[str]:
+    return ["the kernel log is not readable here (a container?): judged from nvidia-smi and the trainer's own lines"] if snap.kernel_readable is False else []
 
 
 def _metrics(snap: HealthSnapshot, thresholds: Thresholds) -> Metrics:
@@ -139,6 +181,7 @@ def _metrics(snap: HealthSnapshot, thresholds: Thresholds) -> Metrics:
     recent = reading.throughputs[-3:]
     return Metrics(
         last_step=max(reading.steps) if reading.steps else None,
+        first_nonfinite_step=first_nonfinite(reading),
         steps_seen=len(reading.steps),
         tokens_per_second=statistics.median(recent) if recent else None,
         gpu_memory_used_mib=[g.memory_used_mib for g in snap.gpus],
@@ -156,15 +199,25 @@ def _gone(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis:
     cause = classify_failure([*snap.log_matches, *snap.log_tail])
     oom_kernel = _kernel_oom_lines(snap)
     exit_text = f"exit code {code}" if code is not None else "no exit code recorded"
+    if cause is not None and cause[0] is Cause.BROKEN_CHECKPOINT and metrics.steps_seen:
+        # It stepped, so the checkpoint it was given loaded: the load error is about something else.
+        cause = (Cause.ERROR, None, cause[2])
     if cause is not None and not (oom_kernel and cause[0] is Cause.ERROR):
         kind, package, decisive = cause
         summary = f"{kind.value}: {decisive[-1].strip()}" if decisive else kind.value
         if package:
             summary = f"missing_dependency: install {package}"
-        return Diagnosis(verdict=Verdict.CRASHED, cause=kind, package=package, summary=summary, evidence=[*decisive, exit_text], metrics=metrics)
+        extra = _checkpoint_note(snap) if kind is Cause.BROKEN_CHECKPOINT else _shm_note(snap) if kind in (Cause.NATIVE_CRASH, Cause.DISK_FULL) else []
+        # A full /dev/shm does not empty itself on a relaunch: a person must give the container more.
+        shm_full = kind is Cause.DISK_FULL and any("shared memory" in line for line in decisive)
+        return Diagnosis(verdict=Verdict.CRASHED, cause=kind, package=package, summary=summary, evidence=[*decisive, *extra, exit_text], metrics=metrics, checkpoint=snap.checkpoint, disk_still_full=shm_full)
     if oom_kernel or (code == 137 and any("Killed" == line.strip() for line in snap.log_tail[-3:])):
         evidence = [*oom_kernel, exit_text] if oom_kernel else [*_last_lines(snap, 2), exit_text]
         return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.HOST_OOM_KILLED, summary="killed by the kernel's OOM killer", evidence=evidence, metrics=metrics)
+    if code is not None and code - 128 in NATIVE_SIGNALS:
+        name = SIGNAL_NAMES[code - 128]
+        evidence = [*_last_lines(snap, 2), *_shm_note(snap), f"{exit_text} ({name}, raised by the trainer's own native code)"]
+        return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.NATIVE_CRASH, summary=f"died of {name}", evidence=evidence, metrics=metrics)
     if code is not None and code > 128:
         name = SIGNAL_NAMES.get(code - 128, f"signal {code - 128}")
         return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.KILLED, summary=f"killed by {name}", evidence=[*_last_lines(snap, 2), f"{exit_text} ({name})"], metrics=metrics)
@@ -172,6 +225,20 @@ def _gone(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis:
         evidence = [_session_line(snap), "trainer PID not alive", exit_text, *_last_lines(snap, 2)]
         return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.SILENT_EXIT, summary="the trainer vanished without an exit code or traceback", evidence=evidence, metrics=metrics)
     return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.ERROR, summary=f"exited {code} without a traceback", evidence=[*_last_lines(snap, 3), exit_text], metrics=metrics)
+
+
+def _checkpoint_note(snap: HealthSnapshot) -> list[str]:
+    return [f"the checkpoint it was given: {snap.checkpoint}"] if snap.checkpoint else []
+
+
+SMALL_SHM_BYTES = 1 << 30
+
+
+def _shm_note(snap: HealthSnapshot) -> list[str]:
+    shm = next((d for d in snap.disks if d.path == "/dev/shm"), None)
+    if shm and shm.size_bytes < SMALL_SHM_BYTES:
+        return [f"/dev/shm is only {shm.size_bytes / 2**20:.0f} MiB ({shm.available_bytes / 2**20:.0f} MiB free): DataLoader workers pass batches through it (docker: --shm-size)"]
+    return []
 
 
 def classify_failure(lines: list[str]) -> tuple[Cause, str | None, list[str]] | None:
@@ -254,6 +321,11 @@ def _alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics) -
     if since_step >= window and (snap.seconds_since_log_write or 0) >= min(window, since_step):
         ev = [f"no new step line for {since_step:.0f} s (stall window {window:.0f} s)", f"last step line: {_last_step_line(snap, t)}", *gpu_evidence]
         return Diagnosis(verdict=Verdict.STALLED, summary=f"no new step for {since_step:.0f} s", evidence=ev, metrics=metrics)
+    reading = read_log(snap.log_tail, t)
+    if diverged(reading, t.diverged_steps):
+        first = metrics.first_nonfinite_step
+        ev = [f"the loss of the last {t.diverged_steps} step lines is not finite; first non-finite at step {first}", f"last step line: {_last_step_line(snap, t)}"]
+        return Diagnosis(verdict=Verdict.DIVERGED, summary=f"loss not finite since step {first}", evidence=ev, metrics=metrics)
     if metrics.steps_seen < t.healthy_steps:
         return Diagnosis(verdict=Verdict.STARTING, summary=f"{metrics.steps_seen} step line(s) so far", evidence=[_last_step_line(snap, t)], metrics=metrics)
     tps, base = metrics.tokens_per_second, t.baseline_tokens_per_second

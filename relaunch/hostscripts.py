@@ -14,7 +14,7 @@ read_pid() { [ -r "$1" ] && read -r "$2" "$3" < "$1"; }
 # read within a byte budget (a 2 GB log or a 200 MB line costs no more than a small one); earliest
 # failures come with their byte offsets, so the parser can tell them from lines the tail holds.
 SNAPSHOT = PROC_HELPERS + r"""
-state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10}
+state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10} logdir=${11} ckpt=${12}
 M="@@relaunch-$nonce@@"
 run_id=$(cat "$state/current" 2>/dev/null)
 run="$state/runs/$run_id"
@@ -36,6 +36,7 @@ echo "$M pid $pid"
 echo "$M pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
 echo "$M exit_code $(cat "$run/exit_code" 2>/dev/null)"
 echo "$M started_at $(cat "$run/started_at" 2>/dev/null)"
+echo "$M checkpoint $(cat "$run/checkpoint" 2>/dev/null)"
 echo "$M now $now"
 # A recovery that was killed mid-step leaves its marker behind: the next one must redo that step.
 unfinished=
@@ -44,15 +45,27 @@ unfinished=
 [ -e "$cache/.relaunch-warming" ] && unfinished="$unfinished warm_cache"
 echo "$M unfinished$unfinished"
 if command -v nvidia-smi >/dev/null 2>&1; then
+  gpu_out=$(nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits 2>&1); gpu_rc=$?
+  echo "$M gpu_rc $gpu_rc"
   echo "$M gpu"
-  nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits 2>&1 | head -64
+  printf '%s\n' "$gpu_out" | head -64
+  # Error counters, asked separately: a driver that lacks one of these fields must not look like a failing GPU.
+  echo "$M gpu_health"
+  nvidia-smi --query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending,remapped_rows.failure \
+    --format=csv,noheader,nounits 2>/dev/null | head -64
 fi
+echo "$M disk"
+for d in "$logdir" "$ckpt" /dev/shm; do
+  [ -n "$d" ] && [ -d "$d" ] && echo "$(df -Pk -- "$d" 2>/dev/null | awk 'NR == 2 {print $4, $2}') $d"
+done
 if [ "$want_kernel" = 1 ] && ! alive "$pid" "$pstart"; then
+  # Containers often cannot read the kernel log: say so, so no one reads "no Xid line" as "no GPU fault".
+  kernel=$(dmesg 2>/dev/null) && echo "$M kernel_readable 1" || echo "$M kernel_readable 0"
   echo "$M kernel"
-  # Only kernel lines since this launch: an older OOM kill on the host is not this run's cause.
+  # Only kernel lines since this launch: an older OOM kill or Xid on the host is not this run's cause.
   since=$(awk -v now="$now" -v s="$(cat "$run/started_at" 2>/dev/null || echo 0)" '{print s - (now - $1)}' /proc/uptime)
-  dmesg 2>/dev/null | awk -v since="$since" '{ t = $0; sub(/^\[ */, "", t); split(t, a, "]"); if (a[1] + 0 >= since) print }' \
-    | grep -E 'Out of memory|oom-kill|oom_reaper|Killed process' | tail -n 8
+  printf '%s\n' "$kernel" | awk -v since="$since" '{ t = $0; sub(/^\[ */, "", t); split(t, a, "]"); if (a[1] + 0 >= since) print }' \
+    | grep -E 'Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|fallen off the bus|GPU is lost' | tail -n 16
 fi
 if [ -n "$log" ] && [ -f "$log" ]; then
   size=$(stat -c %s "$log")
@@ -119,7 +132,7 @@ echo "stopped (${#pids[@]} process(es))"
 # tmux and wait for the PID record. The trainer's spec (repo, venv, command, environment) is written
 # NUL-separated into the run folder: the supervisor reads it as data, never as script text.
 LAUNCH = PROC_HELPERS + r"""
-state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7 venv=$8 cache=$9; shift 9
+state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7 venv=$8 cache=$9 checkpoint=${10}; shift 10
 cur=$(cat "$state/current" 2>/dev/null)
 if [ -n "$cur" ]; then
   read_pid "$state/runs/$cur/pid" pid pstart
@@ -134,6 +147,7 @@ printf '%s' "$supervisor" > "$run/supervisor.sh"
 printf '%s' "$launcher" > "$run/launcher.sh"
 printf '%s\0' "$@" > "$run/spec"
 printf '%s\n' "$log" > "$run/log_path"
+printf '%s\n' "$checkpoint" > "$run/checkpoint"
 date +%s.%N > "$run/started_at"
 printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$state/current"
 # Several arguments: tmux runs them directly, with no shell in between to quote for.

@@ -9,6 +9,8 @@ from relaunch.verdicts import Cause, Verdict
 
 
 class Step(str, Enum):
+    # Procedure order: steps_for() runs them in this order.
+    CAPTURE_STACKS = "capture_stacks"
     STOP = "stop"
     REBUILD_VENV = "rebuild_venv"
     INSTALL_PACKAGE = "install_package"
@@ -23,6 +25,8 @@ class Action(str, Enum):
     INSTALL_AND_RELAUNCH = "install_and_relaunch"  # add the missing package to the venv, relaunch
     REWARM_AND_RELAUNCH = "rewarm_and_relaunch"  # known-good code, fresh warmed cache, relaunch
     RELAUNCH = "relaunch"  # relaunch from the newest checkpoint as is
+    DUMP_AND_RELAUNCH = "dump_stacks_and_relaunch"  # keep every thread's stack, then stop and relaunch
+    RELAUNCH_EARLIER = "relaunch_from_earlier_checkpoint"  # skip checkpoints the failure makes suspect, relaunch
     ESCALATE = "escalate"  # stop trying: a person must look (report says why)
 
 
@@ -32,6 +36,8 @@ STEPS: dict[Action, list[Step]] = {
     Action.INSTALL_AND_RELAUNCH: [Step.STOP, Step.INSTALL_PACKAGE, Step.LAUNCH],
     Action.REWARM_AND_RELAUNCH: [Step.STOP, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
     Action.RELAUNCH: [Step.STOP, Step.LAUNCH],
+    Action.DUMP_AND_RELAUNCH: [Step.CAPTURE_STACKS, Step.STOP, Step.LAUNCH],
+    Action.RELAUNCH_EARLIER: [Step.STOP, Step.LAUNCH],
     Action.ESCALATE: [],
 }
 
@@ -42,7 +48,12 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], tuple[Action, str]] = {
     (Verdict.STARTING, None): (Action.NONE, "still starting: wait"),
     (Verdict.UNKNOWN, None): (Action.FULL_RECOVERY, "no trainer on record: run the full procedure and launch"),
     (Verdict.DEGRADED, None): (Action.REWARM_AND_RELAUNCH, "slow run: restore known-good code, clear and re-warm the compile cache, relaunch"),
-    (Verdict.STALLED, None): (Action.RELAUNCH, "hung: stop it and relaunch from the newest checkpoint"),
+    (Verdict.STALLED, None): (Action.DUMP_AND_RELAUNCH, "hung: keep every thread's stack (py-spy), stop it, relaunch from the newest checkpoint"),
+    (Verdict.DIVERGED, None): (Action.RELAUNCH_EARLIER, "diverged: relaunch from the newest checkpoint written before the first non-finite step; escalate if it diverges again"),
+    (Verdict.CRASHED, Cause.GPU_FAULT): (Action.ESCALATE, "a GPU failed: never relaunch onto it; reset or replace the GPU the evidence names, then recover"),
+    (Verdict.CRASHED, Cause.DISK_FULL): (Action.ESCALATE, "disk full: free space where the evidence says, then recover (checkpoints written as it filled are skipped)"),
+    (Verdict.CRASHED, Cause.NATIVE_CRASH): (Action.RELAUNCH, "native crash (a signal from its own code): relaunch from the newest checkpoint once; escalate if it repeats"),
+    (Verdict.CRASHED, Cause.BROKEN_CHECKPOINT): (Action.RELAUNCH_EARLIER, "died loading its checkpoint: relaunch from the one before it; the broken one is kept, recorded as skipped"),
     (Verdict.CRASHED, Cause.FX_TRACING_RACE): (Action.FULL_RECOVERY, "FX tracing race comes from a drifted venv: rebuild it to the exact lock, re-warm single-threaded, relaunch"),
     (Verdict.CRASHED, Cause.MISSING_DEPENDENCY): (Action.INSTALL_AND_RELAUNCH, "install the missing package into the venv and relaunch (then add it to the lock)"),
     (Verdict.CRASHED, Cause.COMPILE_ERROR): (Action.REWARM_AND_RELAUNCH, "kernel build failed: clear and re-warm the compile cache, relaunch"),
@@ -56,8 +67,27 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], tuple[Action, str]] = {
 }
 
 
+# Causes that may happen once by bad luck, but not twice: the second time a person must look.
+ONCE_ONLY = frozenset({(Verdict.DIVERGED, None), (Verdict.CRASHED, Cause.NATIVE_CRASH)})
+
+
 def remedy(diagnosis: Diagnosis) -> tuple[Action, str]:
+    if diagnosis.cause is Cause.DISK_FULL and not diagnosis.disk_still_full:
+        # The log says the disk filled, but the poll finds room again (someone freed it, or a cleanup ran).
+        return Action.RELAUNCH_EARLIER, "the disk filled and has room again: relaunch from the newest checkpoint before the last step the log reached"
     return PLAYBOOK.get((diagnosis.verdict, diagnosis.cause)) or PLAYBOOK[(diagnosis.verdict, None)]
+
+
+def resume_constraints(diagnosis: Diagnosis) -> tuple[int | None, str | None]:
+    """(resume only from a checkpoint before this step, never from this checkpoint) for the next launch."""
+    if diagnosis.verdict is Verdict.DIVERGED:
+        return diagnosis.metrics.first_nonfinite_step, None
+    if diagnosis.cause is Cause.DISK_FULL:
+        # The checkpoint being written when the disk filled is at or after the last step the log reached.
+        return diagnosis.metrics.last_step, None
+    if diagnosis.cause is Cause.BROKEN_CHECKPOINT and diagnosis.checkpoint:
+        return None, diagnosis.checkpoint.rstrip("/").rsplit("/", 1)[-1]
+    return None, None
 
 
 def choose_action(diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left: int, force: bool = False, unfinished: list[str] | None = None) -> tuple[Action, str]:
@@ -69,6 +99,8 @@ def choose_action(diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left:
         return action, why
     if earlier and _same_failure(earlier[-1], diagnosis) and not _progressed(earlier[-1], diagnosis):
         return Action.ESCALATE, f"{_label(diagnosis)} again with no progress after '{remedy(earlier[-1])[0].value}': stopping; a person must look"
+    if earlier and _same_failure(earlier[-1], diagnosis) and (diagnosis.verdict, diagnosis.cause) in ONCE_ONLY:
+        return Action.ESCALATE, f"{_label(diagnosis)} again after '{remedy(earlier[-1])[0].value}': it repeats, so a person must look"
     if attempts_left <= 0:
         return Action.ESCALATE, "attempts budget spent"
     return redo_unfinished(action, why, unfinished or [])

@@ -78,7 +78,7 @@ class Report(BaseModel):
 
 
 # Step details a person wants in the report: what drifted, where edits were saved, where it resumed.
-NOTABLE = ("old_venv_drift", "drift", "patch", "commit", "checkpoint", "checkpoint_why", "package", "cache_bytes", "kept_aside", "pruned", "restored_from")
+NOTABLE = ("old_venv_drift", "drift", "patch", "commit", "checkpoint", "checkpoint_why", "package", "cache_bytes", "kept_aside", "pruned", "restored_from", "gpus", "stacks_file", "top_frames", "skipped", "stopped")
 
 
 def _notes(step: StepLine) -> str:

@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 
 from relaunch.config import Target
 from relaunch.logtext import clean_lines
-from relaunch.snapshot import GpuSample, HealthSnapshot
+from relaunch.gpufaults import parse_gpu_health
+from relaunch.snapshot import DiskFree, GpuSample, HealthSnapshot
 
 TAIL_BYTES = 256 * 1024
 # Lines of the tail the diagnosis reads: enough for the step rate and the last traceback.
@@ -60,7 +61,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
     """Read the SNAPSHOT script's sections; lines before the first marker (shell noise) are ignored."""
     mark = f"@@relaunch-{nonce}@@ "
     fields: dict[str, str] = {}
-    sections: dict[str, list[str]] = {"tail": [], "matches": [], "gpu": [], "kernel": []}
+    sections: dict[str, list[str]] = {"tail": [], "matches": [], "gpu": [], "gpu_health": [], "kernel": [], "disk": []}
     current: list[str] | None = None
     # Only \n separates the poll's own lines; a \r inside a log line is the log's business (clean_lines).
     for line in stdout.split("\n"):
@@ -92,6 +93,12 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         log_matches=_before_tail(sections["matches"], tail_start),
         gpus=parse_gpu_csv("\n".join(sections["gpu"])),
         kernel_lines=sections["kernel"],
+        gpu_query_error=_gpu_error(fields.get("gpu_rc"), sections["gpu"]),
+        gpu_health=parse_gpu_health("\n".join(sections["gpu_health"])),
+        kernel_readable=None if "kernel_readable" not in fields else fields["kernel_readable"] == "1",
+        disks=parse_disks(sections["disk"]),
+        log_mtime_epoch=mtime,
+        checkpoint=fields.get("checkpoint") or None,
         unfinished_steps=fields.get("unfinished", "").split(),
     )
 
@@ -107,6 +114,23 @@ def _before_tail(lines: list[str], tail_start: int) -> list[str]:
         if m and int(m[1]) < tail_start:
             kept[int(m[1])] = m[2]
     return clean_lines("\n".join(kept[n] for n in sorted(kept)))
+
+
+def _gpu_error(rc: str | None, lines: list[str]) -> str | None:
+    if rc in (None, "", "0"):
+        return None
+    text = " ".join(line.strip() for line in lines if line.strip())[:500]
+    return f"nvidia-smi exited {rc}: {text or '(no output)'}"
+
+
+def parse_disks(lines: list[str]) -> list[DiskFree]:
+    """`AVAIL_KB SIZE_KB PATH` lines (the path last: it may hold spaces)."""
+    out = []
+    for line in lines:
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
+            out.append(DiskFree(path=parts[2], available_bytes=int(parts[0]) * 1024, size_bytes=int(parts[1]) * 1024))
+    return out
 
 
 GPU_LINE = re.compile(r"^\s*(\d+),\s*(\d+)(?:\s*MiB)?,\s*(\d+)(?:\s*%)?\s*$")

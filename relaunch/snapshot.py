@@ -4,11 +4,23 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from relaunch.gpufaults import GpuHealth
+
 
 class GpuSample(BaseModel):
     index: int
     memory_used_mib: int
     utilization_percent: int
+
+
+class DiskFree(BaseModel):
+    path: str = Field(description="The folder asked about (log_dir, checkpoint_dir, /dev/shm).")
+    available_bytes: int
+    size_bytes: int
+
+    @property
+    def available_gb(self) -> float:
+        return self.available_bytes / 1e9
 
 
 class HealthSnapshot(BaseModel):
@@ -28,4 +40,10 @@ class HealthSnapshot(BaseModel):
     log_matches: list[str] = Field(default_factory=list, description="Earliest failure-looking lines of the log with the lines before them, in log order, none of them in log_tail.")
     gpus: list[GpuSample] = Field(default_factory=list, description="One sample per GPU; empty where nvidia-smi is absent.")
     kernel_lines: list[str] = Field(default_factory=list, description="Kernel log lines about OOM kills, where readable.")
+    gpu_query_error: str | None = Field(None, description="nvidia-smi failed: its exit code and output.")
+    gpu_health: list[GpuHealth] = Field(default_factory=list, description="PCI bus id and ECC / retirement / remap counters per GPU.")
+    kernel_readable: bool | None = Field(None, description="dmesg could be read (None: not asked, the trainer was alive).")
+    disks: list[DiskFree] = Field(default_factory=list, description="Free space where logs, checkpoints and shared memory live.")
+    checkpoint: str | None = Field(None, description="The checkpoint this attempt was launched with, from its run record.")
+    log_mtime_epoch: float | None = Field(None, description="When the log was last written, host clock, seconds since the epoch.")
     unfinished_steps: list[str] = Field(default_factory=list, description="Steps a killed recovery left half done (their markers are still on the host).")

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Protocol
 
 from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, Command, Result, host_argv, timed_out_on_host
@@ -43,7 +48,7 @@ class LocalTransport:
         argv = host_argv(command, self.host.container, timeout)
         start = time.monotonic()
         try:
-            proc = subprocess.run(argv, capture_output=True, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(argv, capture_output=True, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, stdin=subprocess.DEVNULL, env=local_env())
         except subprocess.TimeoutExpired as exc:
             raise timeout_error(self.host.label, command, timeout) from exc
         except OSError as exc:
@@ -58,6 +63,30 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
+
+
+def local_env() -> dict[str, str]:
+    """This process's environment, with relaunch's own `uv` findable: a plain shell's PATH may not hold it."""
+    env = dict(os.environ)
+    uv = uv_dir()
+    paths = env.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+    if uv and not shutil.which("uv", path=env.get("PATH")):
+        env["PATH"] = os.pathsep.join([*paths, uv])
+    return env
+
+
+@functools.cache
+def uv_dir() -> str | None:
+    """Where the uv that came with relaunch lives: beside its interpreter, or the `uv` package's binary."""
+    beside = Path(sys.executable).parent / "uv"
+    if beside.is_file():
+        return str(beside.parent)
+    try:
+        from uv import find_uv_bin
+
+        return str(Path(find_uv_bin()).parent)
+    except (ImportError, FileNotFoundError):
+        return None
 
 
 _POOL: dict[str, Transport] = {}

@@ -11,6 +11,7 @@ class Verdict(str, Enum):
     HEALTHY = "healthy"  # alive, new step lines at or above the degraded threshold
     DEGRADED = "degraded"  # alive and stepping, but tokens/s below degraded_ratio x baseline
     STALLED = "stalled"  # alive, but no new step line (or no start-up progress) for the stall window
+    DIVERGED = "diverged"  # alive and stepping, but the loss of the last `diverged_steps` step lines is nan/inf
     CRASHED = "crashed"  # the trainer is gone with a non-zero, unknown or missing exit code
     FINISHED = "finished"  # the trainer exited 0: training ran to its end; never relaunched
     UNKNOWN = "unknown"  # no launch on record and no session: nothing to judge
@@ -24,6 +25,10 @@ class Cause(str, Enum):
     NCCL_FAILURE = "nccl_failure"  # a collective failed or timed out in NCCL
     COMPILE_ERROR = "compile_error"  # torch.compile / inductor failed to build a kernel
     KILLED = "killed"  # ended by a signal from outside (SIGTERM, SIGKILL) with no traceback
+    GPU_FAULT = "gpu_fault"  # a GPU failed: kernel Xid, fallen off the bus, uncorrectable ECC, missing from nvidia-smi
+    DISK_FULL = "disk_full"  # no space left: Errno 28, torch.save's write failure, or the poll's free space below the minimum
+    NATIVE_CRASH = "native_crash"  # died of its own SIGSEGV/SIGBUS/SIGABRT/SIGILL/SIGFPE, a fatal Python error, a DataLoader worker's signal
+    BROKEN_CHECKPOINT = "broken_checkpoint"  # died loading the checkpoint it was given (truncated archive, unpickling)
     SILENT_EXIT = "silent_exit"  # gone with no exit code, no traceback, no kernel line
     ERROR = "error"  # any other exception; the exception line says which
 
@@ -31,6 +36,12 @@ class Cause(str, Enum):
 # Log signatures, each a regex over one line. The earliest matching line in the log decides:
 # knock-on failures print later than their cause.
 SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
+    # Before everything else: a GPU that failed explains every CUDA error printed after it.
+    (Cause.GPU_FAULT, re.compile(r"NVRM: Xid \(PCI:[^)]*\): (?!(?:13|31|43|45),)\d+|fallen off the bus|GPU is lost|[Uu]ncorrectable ECC error|Unable to determine the device handle for GPU")),
+    # torch.save on a full disk says no "space" at all: its stream error, then the writer's position check.
+    (Cause.DISK_FULL, re.compile(r"No space left on device|\[Errno 28\]|\bENOSPC\b|PytorchStreamWriter failed writing file|basic_ios::clear: iostream error|inline_container\.cc:\d+\] \. unexpected pos")),
+    (Cause.NATIVE_CRASH, re.compile(r"^Fatal Python error: |DataLoader worker \(pid\(?s?\)? ?[\d, ]*\)? (?:is killed|exited unexpectedly)|\b(?:Segmentation fault|Bus error|Aborted|Illegal instruction|Floating point exception) \(core dumped\)")),
+    (Cause.BROKEN_CHECKPOINT, re.compile(r"PytorchStreamReader failed reading zip archive|failed finding central directory|_pickle\.UnpicklingError|SafetensorError|EOFError: Ran out of input")),
     # Both faces of the race: dynamo refusing while FX traces, or FX's global Module.__call__
     # patch catching another thread's forward (seen on CPU with torch 2.13).
     (Cause.FX_TRACING_RACE, re.compile(r"using FX to symbolically trace a dynamo-optimized function|fx/_symbolic_trace\.py\", line \d+, in (module_call_wrapper|call_module|path_of_module)")),
@@ -44,7 +55,7 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
 
 # Exceptions that only carry a worker's failure up to the launcher (mp.spawn, torchrun).
-WRAPPER_EXCEPTIONS = re.compile(r"ProcessRaisedException|ProcessExitedException|ChildFailedError")
+WRAPPER_EXCEPTIONS = re.compile(r"ProcessRaisedException|ProcessExitedException|ChildFailedError|Caught \w+ in DataLoader worker process")
 
 # Warnings that explain a slow run.
 SLOWDOWN_WARNINGS = re.compile(r"called without torch\.compile|falling back to .*(eager|uncompiled|slow)|Graph break|recompil", re.IGNORECASE)
@@ -67,4 +78,10 @@ MODULE_TO_PACKAGE: dict[str, str] = {
     "sentencepiece": "sentencepiece",
 }
 
-SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+
+# Signals a process raises on itself when its native code fails: not a kill from outside.
+NATIVE_SIGNALS = frozenset({4, 6, 7, 8, 11})
+
+# A loss value as trainers print it: `loss=nan`, `loss nan`, `loss: inf`, `'loss': -inf`, `loss=3.64`.
+DEFAULT_LOSS = re.compile(r"""(?<![A-Za-z0-9])(?:train_)?loss['"]?\s*[=:]?\s*(?P<value>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+))""", re.IGNORECASE)

@@ -29,7 +29,7 @@ class HealthResult(BaseModel):
 def plan_snapshot(target: Target, wait_seconds: float, nonce: str, tail_lines: int = TAIL_LINES) -> Command:
     """One poll; the wait is sent in milliseconds so a fractional poll interval is honoured."""
     args = (target.state_path, target.tmux_session, str(int(wait_seconds * 1000)), str(tail_lines), "1", nonce)
-    args += (target.venv_dir, target.inductor_cache_dir, str(TAIL_BYTES), FAILURE_WORDS)
+    args += (target.venv_dir, target.inductor_cache_dir, str(TAIL_BYTES), FAILURE_WORDS, target.log_dir, target.checkpoint_dir or "")
     return script(SNAPSHOT, *args, label="health poll", timeout_seconds=wait_seconds + 60)
 
 
@@ -50,7 +50,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
         snap = collect_snapshot(target, wait)
         polls += 1
         progress = advance(progress, snap, t)
-        diagnosis = diagnose(snap, t, progress)
+        diagnosis = diagnose(snap, t, progress, min_free_disk_gb=target.min_free_disk_gb)
         if last is None or diagnosis.verdict is not last:
             log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
             last = diagnosis.verdict

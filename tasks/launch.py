@@ -13,12 +13,19 @@ from tasks.common import StepRecord, execute, log, step_task, timed
 
 PID_WAIT_SECONDS = 30
 
-# List checkpoint_dir NUL-separated (a name may hold a newline); the choice is made in Python.
+# List checkpoint_dir NUL-separated (a name may hold a newline); the choice is made in Python. Checkpoints
+# that failed to load are recorded (mtime and name) in the state folder (appended first when one is refused now)
+# and listed as `S NAME` records: they are skipped, never renamed or deleted.
 LIST_CHECKPOINTS = r"""
-dir=$1
+dir=$1 skipfile=$2 refuse=$3
+# Recorded with its mtime: a trainer that later saves a good checkpoint under the same name is not skipped.
+if [ -n "$refuse" ] && [ -e "$dir/$refuse" ]; then
+  mkdir -p -- "$(dirname -- "$skipfile")" && printf '%s %s\0' "$(stat -c %Y -- "$dir/$refuse")" "$refuse" >> "$skipfile" || exit 3
+fi
 [ -d "$dir" ] || { echo "missing"; exit 0; }
 echo "present"
 find "$dir" -mindepth 1 -maxdepth 1 \( -empty -printf '%y %T@ E %f\0' -o -printf '%y %T@ N %f\0' \)
+if [ -f "$skipfile" ]; then while IFS= read -r -d '' name; do printf 'S %s\0' "$name"; done < "$skipfile"; fi
 """
 
 
@@ -31,27 +38,32 @@ class RunRecord(BaseModel):
     command: str
 
 
-def plan_list_checkpoints(target: Target) -> Command | None:
+def skipped_path(target: Target) -> str:
+    return f"{target.state_path}/skipped-checkpoints"
+
+
+def plan_list_checkpoints(target: Target, refuse: str | None = None) -> Command | None:
     if not target.checkpoint_dir:
         return None
-    return script(LIST_CHECKPOINTS, target.checkpoint_dir, label="list checkpoints", timeout_seconds=120)
+    return script(LIST_CHECKPOINTS, target.checkpoint_dir, skipped_path(target), refuse or "", label="list checkpoints", timeout_seconds=120)
 
 
 def plan_launch(target: Target, run_id: str, checkpoint: str | None) -> tuple[Command, str]:
     command = trainer_command(target, checkpoint)
     args = (target.state_path, target.tmux_session, run_id, log_path(target, run_id), SUPERVISOR, LAUNCHER, str(PID_WAIT_SECONDS))
-    args += (target.venv_dir, target.inductor_cache_dir, *trainer_spec(target, command))
+    args += (target.venv_dir, target.inductor_cache_dir, checkpoint or "", *trainer_spec(target, command))
     return script(LAUNCH, *args, label="launch trainer in tmux", timeout_seconds=PID_WAIT_SECONDS + 30), command
 
 
-def pick_checkpoint(target: Target, listing: str | None) -> Choice:
+def pick_checkpoint(target: Target, listing: str | None, before_step: int | None = None) -> Choice:
     """The newest usable checkpoint from the host's listing, or none, with the reason either way."""
     if listing is None:
         return Choice(why="no checkpoint_dir configured: starting from scratch")
     head, _, records = listing.partition("\n")
     if head.strip() == "missing":
         return Choice(why=f"checkpoint_dir {target.checkpoint_dir} does not exist: starting from scratch")
-    return choose(parse_listing(records))
+    refused = {(int(m), name) for m, _, name in (r[2:].partition(" ") for r in records.split("\0") if r.startswith("S ")) if m.isdigit()}
+    return choose(parse_listing(records), refused=refused, before_step=before_step)
 
 
 def describe(choice: Choice) -> str:
@@ -60,10 +72,11 @@ def describe(choice: Choice) -> str:
 
 
 @step_task("launch")
-def launch(target: Target, attempt: int) -> tuple[RunRecord, StepRecord]:
+def launch(target: Target, attempt: int, before_step: int | None = None, refuse: str | None = None) -> tuple[RunRecord, StepRecord]:
+    """Launch from the newest usable checkpoint; `before_step` and `refuse` rule out ones the last failure makes suspect."""
     with timed("launch") as detail:
-        listing = plan_list_checkpoints(target)
-        choice = pick_checkpoint(target, execute(target, listing).stdout if listing else None)
+        listing = plan_list_checkpoints(target, refuse)
+        choice = pick_checkpoint(target, execute(target, listing).stdout if listing else None, before_step)
         if choice.name is None and target.checkpoint_dir:
             log().warning("%s: %s", target.name, describe(choice))
         checkpoint = f"{target.checkpoint_dir}/{choice.name}" if choice.name else None

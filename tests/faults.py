@@ -19,11 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import yaml
 
 from demo.wheels import write_wheel
 from relaunch.config import Target
+from tests.sshd import cannot_run_here
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "fault-matrix.md"
@@ -93,6 +93,16 @@ def render_matrix(cases: list[Case]) -> str:
             if c.guarantee == guarantee:
                 lines.append(f"| {_cell(c.guarantee)} | {_cell(c.fault)} | {_cell(c.outcome)} | `{c.test}` |")
     return "\n".join(lines) + "\n"
+
+
+# Rows proven by tests outside tests/test_fault_matrix.py that no other row names.
+
+reference(
+    MID_STEP,
+    "SSH connection cut (its sshd session process SIGKILLed) while a task's command runs on the host; then a command that exits 4 on the host",
+    "the task retries the dropped connection once and succeeds; the failed command runs once: CommandFailed naming exit 4, never retried",
+    "tests/test_remote_flow.py::test_a_dropped_connection_is_retried_by_prefect_and_a_failed_command_is_not",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,11 +293,11 @@ def bin_without(folder: Path, *missing: str) -> Path:
 
 @contextmanager
 def tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
-    """A real small filesystem; skipped (with the reason) only where mounting is not permitted."""
+    """A real small filesystem; skipped (with the reason) only where mounting is not permitted, failed so under CI=true."""
     mount_point.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True, text=True)
     if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip() or 'mount exited ' + str(result.returncode)}): the disk-full case needs mount permission")
+        cannot_run_here(f"cannot mount a tmpfs here ({result.stderr.strip() or 'mount exited ' + str(result.returncode)}): the disk-full case needs mount permission")
     try:
         yield mount_point
     finally:

@@ -12,7 +12,7 @@ Host i is namespace `relaunch-<random>-i` with address 10.213.i.2/24 and this ma
 10.213.i.1/24 (when another session already uses those subnets, the next free block of 10.213.x.0/24 is taken).
 Everything is removed on exit, failing test or not, and only what was created here: the namespaces, their veth
 pairs, and the processes left inside our own namespaces. Root is needed (`ip netns add`); `require_netns()` skips
-the test with the reason where it is missing.
+the test with the reason where it is missing, and fails it with that reason under CI=true.
 
 `down(i)` takes host i's side of the link down, as a host that loses power or its cable: this machine keeps its
 route to the host, packets to it are dropped and nothing answers, neither on an open connection nor a new one.
@@ -42,21 +42,19 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sshd import SSHServer, require_sshd
+from sshd import SSHServer, cannot_run_here, require_sshd
 
 PREFIX = "10.213"
 LOCK = Path("/tmp/relaunch-netns.lock")  # held while subnets are chosen and taken, across sessions
 
 
 def require_netns() -> None:
-    """Skip unless this machine can make network namespaces: `ip` (iproute2) present and we are root."""
+    """Skip (fail under CI=true) unless this machine can make network namespaces: `ip` (iproute2) present and we are root."""
     if shutil.which("ip") is None:
-        pytest.skip("`ip` (iproute2) is missing: install it (apt-get install -y iproute2) to test hosts in network namespaces")
+        cannot_run_here("`ip` (iproute2) is missing: install it (apt-get install -y iproute2) to test hosts in network namespaces")
     if os.geteuid() != 0:
-        pytest.skip("network namespaces need root (`ip netns add`); run the tests as root to test hosts in namespaces")
+        cannot_run_here("network namespaces need root (`ip netns add`); run the tests as root to test hosts in namespaces")
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -87,3 +87,10 @@ def wait_for_exit(target: Target, timeout_seconds: float = 30) -> None:
         if collect_snapshot(target, wait_seconds=2).exit_code is not None:
             return
     raise AssertionError(f"{target.name} never exited")
+
+
+def finished(flow, **parameters):
+    """Run a flow and return its report whether it ended Completed or Failed (a step's error is raised)."""
+    from flows.outcome import report_of
+
+    return report_of(flow(**parameters, return_state=True))

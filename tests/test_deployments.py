@@ -26,6 +26,7 @@ from demo.target import make_target
 from relaunch.config import Host, Target
 from relaunch.playbook import Action
 from tasks.launch import launch
+from tests.faults import wait_for
 from tests.targets import shell_target, stop_all, wait_for_exit, tmux_alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,18 +236,40 @@ def test_the_nightly_check_hands_a_crashed_run_to_recover_training_as_a_subflow(
     ids=["server-limit", "host-lock"],
 )
 def test_two_recoveries_of_one_target_started_together_leave_exactly_one_trainer(plane, tmp_path, hostname, second):
-    # A warm-up of a few seconds keeps the first recovery busy while the second starts.
-    target = shell_target(tmp_path, name=f"twice-{hostname.replace('.', '-')}", host=Host(hostname=hostname), warmup_command="sleep 4")
+    # The first recovery holds the host (slot and lock) in a warm-up that waits at a gate; the second starts
+    # once the first is there, and the gate opens only once the second has been refused, or is seen waiting
+    # for the host's concurrency slot (Prefect's internal debug log says so each time the server answers 423).
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    warmup = f'touch "{gate}/entered"; until [ -e "{gate}/open" ]; do sleep 0.05; done'
+    target = shell_target(tmp_path, name=f"twice-{hostname.replace('.', '-')}", host=Host(hostname=hostname), warmup_command=warmup)
     spec = tmp_path / "target.yaml"
     spec.write_text(yaml.safe_dump(target.model_dump(mode="json")))
     procs: list[subprocess.Popen] = []
+    errs = [tmp_path / "first.err", tmp_path / "second.err"]
+
+    def start(i: int, **env: str) -> subprocess.Popen:
+        with errs[i].open("w") as err:
+            procs.append(subprocess.Popen([str(BIN / "relaunch"), "recover", str(spec), "--json"], cwd=ROOT, env=plane.env(**env), stdout=subprocess.PIPE, stderr=err, text=True))
+        return procs[-1]
+
     try:
-        for _ in range(2):
-            procs.append(subprocess.Popen([str(BIN / "relaunch"), "recover", str(spec), "--json"], cwd=ROOT, env=plane.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        outputs = [p.communicate(timeout=150) for p in procs]
-        results = [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+        first = start(0)
+        wait_for(lambda: (gate / "entered").exists() or first.poll() is not None, 150, "the first recovery to reach its warm-up")
+        assert first.poll() is None, f"the first recovery ended before its warm-up: {errs[0].read_text()[-3000:]}"
+        later = start(1, PREFECT_LOGGING_INTERNAL_LEVEL="DEBUG")
+        if hostname == "localhost":
+            waiting = lambda: "Unable to acquire concurrency slot" in errs[1].read_text()  # noqa: E731
+            wait_for(lambda: waiting() or later.poll() is not None, 150, "the second recovery to wait for the host's concurrency slot")
+            assert later.poll() is None and waiting(), f"the second {second}: {errs[1].read_text()[-3000:]}"
+        else:
+            wait_for(lambda: later.poll() is not None, 150, "the second recovery to be refused")
+        (gate / "open").touch()
+        outputs = [p.communicate(timeout=150)[0] for p in procs]
+        results = [(p.returncode, out, err.read_text()) for p, out, err in zip(procs, outputs, errs)]
         running = tmux_alive(target.tmux_session)
     finally:
+        (gate / "open").touch()
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -264,7 +287,7 @@ def test_two_recoveries_of_one_target_started_together_leave_exactly_one_trainer
         waited = report is not None and report["started_at"] <= first["finished_at"] <= report["finished_at"]
         assert waited and [a["action"] for a in report["attempts"]] == [Action.NONE.value], f"the second {second}: {other[0]}"
     else:
-        assert code == 2 and "another recovery of" in stderr, f"the second {second}: {other[0]}"
+        assert code == 1 and "another recovery of" in stderr, f"the second {second}: {other[0]}"
 
 
 def test_the_demo_deployment_recovers_the_prepared_demo_target_as_deployed(plane):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,17 @@ CASES = [
     ("demo/silent_death.log", [], "crashed", "silent_exit", None, "no exit code recorded"),
     ("demo/degraded_uncompiled.log", ["--running", "--seconds-since-log-write", "1", "--baseline-tokens-per-second", "30000"], "degraded", None, None, "called without torch.compile()"),
     ("demo/hang.log", ["--running", "--seconds-since-log-write", "600"], "stalled", None, None, "no new step line"),
+    ("cpu/disk_full_torch_save.log", ["--exit-code", "1"], "crashed", "disk_full", None, "basic_ios::clear: iostream error"),
+    ("cpu/disk_full_log_write.log", ["--exit-code", "1"], "crashed", "disk_full", None, "[Errno 28] No space left on device"),
+    ("cpu/segfault.log", ["--exit-code", "139"], "crashed", "native_crash", None, "SIGSEGV"),
+    ("cpu/segfault_faulthandler.log", ["--exit-code", "139"], "crashed", "native_crash", None, "Fatal Python error: Segmentation fault"),
+    ("cpu/abort.log", ["--exit-code", "134"], "crashed", "native_crash", None, "SIGABRT"),
+    ("cpu/dataloader_bus_error.log", ["--exit-code", "1"], "crashed", "disk_full", None, "unable to allocate shared memory(shm)"),
+    ("cpu/truncated_checkpoint_load.log", ["--exit-code", "1"], "crashed", "broken_checkpoint", None, "failed finding central directory"),
+    ("gpu/nan_loss.log", ["--running", "--seconds-since-log-write", "1"], "diverged", None, None, "first non-finite at step 633"),
+    ("gpu/device_side_assert.log", ["--exit-code", "1"], "crashed", "error", None, "device-side assert triggered"),
+    ("gpu/illegal_memory_access.log", ["--exit-code", "1"], "crashed", "error", None, "an illegal memory access was encountered"),
+    ("gpu/nccl_watchdog_timeout.log", ["--exit-code", "1"], "crashed", "nccl_failure", None, "Watchdog caught collective operation timeout"),
     ("ansi_colored_traceback.log", ["--exit-code", "1"], "crashed", "error", None, "RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
     ("carriage_return_progress.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step=164"),
 ]
@@ -57,8 +69,28 @@ def test_diagnose_reads_throughput_and_last_step_into_metrics():
     assert metrics["tokens_per_second"] == pytest.approx(4294400, rel=0.01)
 
 
+def named_in(text: str) -> set[str]:
+    """File names a PROVENANCE.md names: each whole name, and each numbered series written `poll_1.txt .. poll_12.txt`."""
+    names = set(re.findall(r"[\w.-]*\w", text))
+    for stem, first, ext, stem2, last, ext2 in re.findall(r"`?([\w.-]*?)(\d+)(\.\w+)`? *\.\. *`?([\w.-]*?)(\d+)(\.\w+)`?", text):
+        if (stem, ext) == (stem2, ext2):
+            names |= {f"{stem}{n}{ext}" for n in range(int(first), int(last) + 1)}
+    return names
+
+
 def test_every_fixture_has_its_provenance_written_next_to_it():
-    for folder in ("cpu", "gpu", "demo"):
-        provenance = (LOGS / folder / "PROVENANCE.md").read_text()
-        for log in (LOGS / folder).glob("*.log"):
-            assert log.name in provenance, f"{folder}/{log.name} has no provenance line"
+    """Every file in every folder under tests/fixtures (any name, not only *.log) is named in that folder's PROVENANCE.md."""
+    fixtures = LOGS.parent
+    problems = []
+    for folder in sorted({p.parent for p in fixtures.rglob("*") if p.is_file()}):
+        where = folder.relative_to(fixtures).as_posix()
+        files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != "PROVENANCE.md")
+        if not files:
+            continue
+        provenance = folder / "PROVENANCE.md"
+        if not provenance.is_file():
+            problems.append(f"{where}/ has no PROVENANCE.md (its files: {', '.join(files)})")
+            continue
+        named = named_in(provenance.read_text())
+        problems += [f"{where}/{name} has no provenance line" for name in files if name not in named]
+    assert not problems, "\n".join(problems)

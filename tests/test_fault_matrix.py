@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from demo.target import git
+from demo.wheels import write_wheel
 from flows.recover import recover_training
 from relaunch.config import Target
 from relaunch.errors import CommandFailed, HostBusy, PreflightFailed
@@ -21,7 +22,7 @@ from relaunch.playbook import Action
 from relaunch.report import Report
 from relaunch.verdicts import Cause, Verdict
 from tasks.launch import launch
-from tasks.lock import lock_path, target_lock
+from tasks.lock import lock_path
 from tasks.rebuild_venv import BUILDING_MARKER, rebuild_venv
 from tasks.rollback_venv import plan_rollback, rollback_venv
 from tasks.stop import stop
@@ -56,9 +57,10 @@ from tests.faults import (
     wait_for,
     write_target,
 )
-from tests.targets import shell_target
+from tests.targets import finished, shell_target
 
 import tests.test_never_lose_work  # noqa: E402,F401 - its rows belong to the matrix too
+import tests.test_fleet_failures  # noqa: E402,F401 - its rows belong to the matrix too
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -220,7 +222,7 @@ def crash_loop(tmp_path_factory, prefect_harness):
     """A trainer that raises at once, every time: the flow acts twice, then escalates."""
     target = shell_target(tmp_path_factory.mktemp("crash-loop"), launch_command=BROKEN_TRAINER, max_attempts=5)
     try:
-        yield target, recover_training(target)
+        yield target, finished(recover_training, target=target)
     finally:
         try:
             stop.fn(target)
@@ -275,21 +277,33 @@ def stopped_leftovers(report: Report) -> list[str]:
 # 1. Nothing is lost
 
 
-@case(LOST, "a rebuilt venv turns out bad after the recovery", "`rollback_venv` (one command) puts the newest `VENV.old-*` back with its files intact and keeps the rebuilt one as `VENV.rolled-back-STAMP`")
-def test_a_rebuilt_venv_is_rolled_back_with_one_command_and_the_previous_venv_is_intact(made):
+@case(LOST, "a rebuilt venv turns out bad after the recovery: the lock moved to a bad release (tinyjunk 0.2.0 imports fine, so the rebuild's import check passes, and raises when used)", "`relaunch rollback-venv TARGET.yaml` (one command, exit 0) puts the newest `VENV.old-*` back with its files intact (the good release works again) and keeps the bad one as `VENV.rolled-back-STAMP`")
+def test_a_rebuilt_venv_is_rolled_back_with_one_command_and_the_previous_venv_is_intact(made, tmp_path, api_url, monkeypatch):
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))  # the bad release stays out of the shared cache
     t = made()
     venv = Path(t.venv_dir)
-    subprocess.run(["uv", "venv", "-q", "--python", t.python, str(venv)], check=True)
+    rebuild_venv.fn(t)  # the user's good venv, from the lock: tinyjunk 0.1.0
     (venv / "mine").write_text("the user's venv\n")
     before = tree(venv)
+    use = [str(venv / "bin" / "python"), "-c", "import tinyjunk; getattr(tinyjunk, 'step', lambda: None)(); print(tinyjunk.__version__)"]
+    # The fault: a bad release reaches the lock, and the next recovery's rebuild installs it.
+    bad_release = b"__version__ = '0.2.0'\n\ndef step():\n    raise RuntimeError('tinyjunk 0.2.0 regression')\n"
+    write_wheel(Path(t.find_links[0]), "tinyjunk", "0.2.0", {"tinyjunk/__init__.py": bad_release})
+    Path(t.lock_path).write_text("tinyjunk==0.2.0\n")
     rebuild_venv.fn(t)
     assert not (venv / "mine").exists()
-    step = rollback_venv.fn(t)
+    bad = subprocess.run(use, capture_output=True, text=True)
+    assert bad.returncode != 0 and "tinyjunk 0.2.0 regression" in bad.stderr, "the rebuilt venv is bad"
+    file = write_target(t, tmp_path / "target.yaml")
+    proc = subprocess.run([RELAUNCH, "rollback-venv", str(file)], env=cli_env(tmp_path / "prefect-home", api_url), capture_output=True, text=True, timeout=CLI_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     assert tree(venv) == before, "the previous venv came back exactly as it was"
     rolled = venvs_beside(t, "rolled-back")
-    assert [str(p) for p in rolled] == [step.detail["rolled_back_to"]] and list(rolled[0].glob("lib/python*/site-packages/tinyjunk"))
+    assert len(rolled) == 1 and f"the replaced venv is kept as {rolled[0]}" in proc.stdout, proc.stdout
+    assert list(rolled[0].glob("lib/python*/site-packages/tinyjunk-0.2.0.dist-info")), "the bad venv is kept aside for a look"
     assert venvs_beside(t, "old") == [] and not Path(lock_path(t)).exists()
-    subprocess.run([str(venv / "bin" / "python"), "-c", "print('ok')"], check=True, capture_output=True)
+    good = subprocess.run(use, capture_output=True, text=True)
+    assert (good.returncode, good.stdout.strip()) == (0, "0.1.0"), good.stderr
     assert plan_rollback(t, "S").argv[-3:] == (t.venv_dir, "S", t.state_path), "values reach the script as arguments"
 
 
@@ -322,11 +336,28 @@ def test_a_recovery_saves_uncommitted_edits_as_a_patch_that_reapplies_cleanly(re
     assert (clone / "model.py").read_text() == "VALUE = 2  # uncommitted experiment\n"
 
 
-@case(LOST, "a full recovery replaces the user's venv", "the old venv is moved aside as `VENV.old-STAMP`, byte for byte (the last two are kept)")
-def test_a_recovery_keeps_the_users_previous_venv_aside_byte_for_byte(recovered):
+@case(LOST, "a full recovery replaces the user's venv; then two more full recoveries (three rebuilds)", "the old venv is moved aside as `VENV.old-STAMP`, byte for byte; the last two are kept, byte for byte, and only the oldest is pruned")
+def test_a_recovery_keeps_the_users_previous_venv_aside_byte_for_byte(recovered, made):
     t = recovered.target
     old = venvs_beside(t, "old")
     assert len(old) == 1 and tree(old[0]) == recovered.venv_before
+    # Three rebuilds in a row: each venv, marked so that no two are alike, goes aside; only the oldest is pruned.
+    t = made()
+    lived_in(t)
+    venv = Path(t.venv_dir)
+    generations, asides = [tree(venv)], []
+    for n in range(1, 4):
+        report = recover_training(t, force=n > 1)
+        assert report.verdict is Verdict.HEALTHY, report.timeline()
+        rebuild = next(s.detail for s in report.attempts[0].steps if s.step == "rebuild_venv")
+        asides.append(rebuild["old_venv"])
+        assert rebuild["pruned"] == ([asides[0]] if n == 3 else []), rebuild
+        (venv / "generation").write_text(f"{n}\n")
+        generations.append(tree(venv))
+    kept = venvs_beside(t, "old")
+    assert [str(p) for p in kept] == asides[1:] and not Path(asides[0]).exists(), "the oldest pruned, the last two kept"
+    assert [tree(p) for p in kept] == generations[1:3], "the last two are intact, byte for byte"
+    assert "mine" in generations[0] and len({str(g) for g in generations}) == 4
 
 
 @case(LOST, "a recovery that relaunches from a checkpoint, then a stop", "sha256 of every file in `checkpoint_dir` is the same before, after the recovery (resumed from the newest) and after the stop")
@@ -381,33 +412,49 @@ def test_two_recoveries_started_at_once_leave_exactly_one_trainer(made):
     assert len(runs(t)) == 1, "only one launch happened"
 
 
-@case(ONE, "six recoveries race to take over the same stale lock (dead owner), five rounds", "exactly one takes the lock each round; the others get HostBusy")
-def test_several_recoveries_racing_for_a_stale_lock_let_exactly_one_in(made):
-    t = made()
+@case(ONE, "six recoveries (`recover_training --force`, six threads, one barrier) race to take over the same stale lock (dead owner), three rounds", "each round exactly one takes the lock and recovers (healthy); every other one gets HostBusy, no other error; one trainer at the end, one launch per round")
+def test_several_recoveries_racing_for_a_stale_lock_let_exactly_one_in(made, tmp_path, monkeypatch):
+    # The winner holds the lock at its warm-up's gate until the five others have ended, so none can come late
+    # to a free lock; --force makes every round a full recovery (with the warm-up) though the trainer is healthy.
+    t = made(warmup_command=GATED_WARMUP)
     lock = Path(lock_path(t))
-    winners_per_round = []
-    for _ in range(5):
+    rounds = 3  # 18 real recoveries in all (~8 s a round): each round is six flow runs on a 2-core runner
+    for r in range(rounds):
         lock.mkdir(parents=True)
         (lock / "owner").write_text(f"{HOST} {dead_pid()} killed-flow-run\n")
-        start, tried, got = threading.Barrier(6), threading.Barrier(6), []
+        gate = tmp_path / f"gate-{r}"
+        gate.mkdir()
+        GATES.append(gate)
+        monkeypatch.setenv("FAULT_GATE", str(gate))
+        start, outcomes = threading.Barrier(6), {}
 
         def contend(i: int) -> None:
             start.wait()
             try:
-                with target_lock(t, f"contender-{i}"):
-                    got.append(i)
-                    tried.wait(30)  # hold it until every contender has tried
-            except HostBusy:
-                tried.wait(30)
+                outcomes[i] = recover_training(t, force=True)
+            except BaseException as exc:  # noqa: BLE001 - every outcome is checked below
+                outcomes[i] = exc
 
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(6)]
+        threads = [threading.Thread(target=contend, args=(i,), daemon=True) for i in range(6)]
         for th in threads:
             th.start()
-        for th in threads:
-            th.join(60)
-        winners_per_round.append(len(got))
-        subprocess.run(["rm", "-rf", "--", str(lock)], check=True)
-    assert winners_per_round == [1] * 5, f"recoveries holding the lock at once, per round: {winners_per_round}"
+        try:
+            wait_for(lambda: len(outcomes) >= 5, CLI_TIMEOUT, "five of the six recoveries to end")
+            inside = [i for i in range(6) if i not in outcomes]
+            assert len(inside) == 1 and (gate / "warmup-entered").exists(), f"round {r}: one recovery holds the lock at its warm-up while the others end: {outcomes}"
+        finally:
+            (gate / "open").touch()
+            for th in threads:
+                th.join(CLI_TIMEOUT)
+        assert not any(th.is_alive() for th in threads), f"round {r}: a recovery is still running"
+        reports = [o for o in outcomes.values() if isinstance(o, Report)]
+        refused = [o for o in outcomes.values() if not isinstance(o, Report)]
+        assert len(reports) == 1 and reports[0].verdict is Verdict.HEALTHY, f"round {r}: {outcomes}"
+        assert len(refused) == 5 and all(type(o) is HostBusy for o in refused), f"round {r}: every loser gets HostBusy, nothing else: {refused}"
+        assert outcomes[inside[0]] is reports[0], "the one that held the lock is the one that recovered"
+        assert not lock.exists(), f"round {r}: the winner released the lock"
+    assert len(runs(t)) == rounds, "one launch per round"
+    assert len(live_trainers(t)) == 1 and len(live_supervisor_groups(t)) == 1
 
 
 @case(ONE, "a recovery started while a healthy run goes on", "action `none`; the same trainer PID runs on; no new run, nothing on the host changed")

@@ -111,11 +111,13 @@ def test_a_host_that_goes_away_mid_run_is_an_unreachable_row_that_does_not_hold_
         connections = [transport_for(t.host).connection for t in targets]  # type: ignore[attr-defined]
         assert all(c is not None and c.is_connected for c in connections), "the launches left each host's connection open"
         fleet.down(2)  # host 2 vanishes between two checks: its connection is open, and nothing answers on it
-        outage = check_fleet(targets, recover=False, max_concurrent=3)
+        outage_state = check_fleet(targets, recover=False, max_concurrent=3, return_state=True)
+        outage = outage_state.result(raise_on_failure=False)
         fleet.up(2)
         start = logins(fleet)
         back = check_fleet(targets, recover=False, max_concurrent=3)
         new_logins = [n - s for n, s in zip(logins(fleet), start)]
+    assert outage_state.is_failed() and "1 of 3 targets not healthy" in outage_state.message, "an unreachable host fails the fleet run"
     row = outage.rows[2]
     address = f"{fleet.net.hosts[2].address}:{fleet.servers[2].port}"
     assert row.found is None and row.verdict is None and not row.ok and not row.recovered, row

@@ -8,6 +8,7 @@ import pytest
 
 from demo.scenarios import SCENARIOS, prepare
 from flows.check import check_training
+from flows.outcome import report_of
 from flows.recover import recover_training
 from relaunch.playbook import Action
 from relaunch.verdicts import Verdict
@@ -50,12 +51,14 @@ def test_recovery_of_a_healthy_run_changes_nothing(tmp_path):
 def test_the_same_failure_twice_without_progress_ends_with_a_clear_report(tmp_path):
     target = shell_target(tmp_path, launch_command="python3 -c \"import json; json.loads('{broken')\"", max_attempts=5)
     try:
-        report = recover_training(target)
+        state = recover_training(target, return_state=True)
+        report = report_of(state)
     finally:
         stop.fn(target)
     actions = [a.action for a in report.attempts]
     assert actions == [Action.FULL_RECOVERY, Action.FULL_RECOVERY, Action.ESCALATE], report.timeline()
     assert not report.ok and "again with no progress" in report.message
+    assert state.is_failed() and "escalate" not in state.message and "again with no progress" in state.message, "a run that gave up is never green"
     assert any("JSONDecodeError" in line for line in report.attempts[-1].evidence)
 
 
@@ -63,9 +66,11 @@ def test_check_training_reports_the_verdict_and_changes_nothing(tmp_path):
     target = shell_target(tmp_path, env={"EXIT_AT": "2", "EXIT_CODE": "7"})
     launch.fn(target, 1)
     try:
-        report = check_training(target)
+        state = check_training(target, return_state=True)
+        report = report_of(state)
     finally:
         stop.fn(target)
+    assert state.is_failed() and "crashed" in state.message, "a sick run nobody was asked to recover is a failed check"
     assert report.attempts[0].verdict is Verdict.CRASHED
     assert report.attempts[0].action is Action.FULL_RECOVERY and report.attempts[0].why.startswith("would do")
     assert len(list((Path(target.state_path) / "runs").iterdir())) == 1

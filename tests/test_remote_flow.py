@@ -24,7 +24,8 @@ from relaunch.transport import close_all, run, transport_for  # noqa: E402
 from relaunch.verdicts import Cause, Verdict  # noqa: E402
 from tasks.common import step_task  # noqa: E402
 from tasks.stop import stop  # noqa: E402
-from tests.targets import shell_target  # noqa: E402
+from tests.faults import wait_for  # noqa: E402
+from tests.targets import finished, shell_target  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -42,7 +43,7 @@ def test_the_whole_recovery_runs_over_ssh_through_a_container_on_one_connection(
     healthy = target.model_copy(update={"env": {}})
     logins = sshd.accepted_logins()
     try:
-        first = recover_training(target)  # launches, sees it die with exit 3, escalates after the same failure twice
+        first = finished(recover_training, target=target)  # launches, sees it die with exit 3, escalates after the same failure twice
         second = recover_training(healthy)
     finally:
         stop.fn(healthy)
@@ -63,7 +64,17 @@ def test_a_check_through_a_stopped_container_names_host_container_and_command(tm
 
 def test_a_dropped_connection_is_retried_by_prefect_and_a_failed_command_is_not(tmp_path, sshd: SSHServer):
     target = shell_target(tmp_path, host=sshd.ssh_host())
+    started = tmp_path / "started"
     calls: list[str] = []
+    cutters: list[threading.Thread] = []
+    problems: list[BaseException] = []
+
+    def cut_once_started(session: int) -> None:
+        try:
+            wait_for(started.exists, 20, "the remote sleep to start")
+            os.kill(session, signal.SIGKILL)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            problems.append(exc)
 
     @step_task("probe", retries=2)
     def probe(target: Target, command: str) -> str:
@@ -71,10 +82,12 @@ def test_a_dropped_connection_is_retried_by_prefect_and_a_failed_command_is_not(
         transport = transport_for(target.host)
         transport.execute(Command(("true",)))  # the connection is up, so sshd has a session process
         if command == "drop" and len(calls) == 1:
-            # Cut the connection under a running command: the wire fails, not the host.
-            threading.Timer(0.3, os.kill, (sshd_child(sshd), signal.SIGKILL)).start()
-        if command == "drop":
-            command = "sleep 3" if len(calls) == 1 else "true"
+            # Cut the connection under a running command, once it runs on the host: the wire fails, not the host.
+            cutters.append(threading.Thread(target=cut_once_started, args=(sshd_child(sshd),), daemon=True))
+            cutters[-1].start()
+            command = f'touch "{started}"; exec sleep 30'
+        elif command == "drop":
+            command = "true"
         return run(transport, Command(("bash", "-c", command), label=command)).stdout
 
     @flow
@@ -82,6 +95,9 @@ def test_a_dropped_connection_is_retried_by_prefect_and_a_failed_command_is_not(
         return probe(target, command)
 
     assert probe_flow("drop") == ""
+    for cutter in cutters:
+        cutter.join(30)
+    assert not problems and len(cutters) == 1 and not cutters[0].is_alive(), problems
     assert calls == ["drop", "drop"], "the dropped connection was retried once"
     calls.clear()
     with pytest.raises(CommandFailed, match="exited 4"):

@@ -54,7 +54,8 @@ def test_an_empty_checkpoint_folder_is_never_resumed_from():
 def test_equal_steps_go_to_the_newest_and_refused_or_later_ones_are_skipped():
     es = [Entry(name="step_900", kind="d", mtime=5.0), Entry(name="step_900.pt", kind="f", mtime=9.0), Entry(name="step_800", kind="d", mtime=1.0)]
     assert choose(es).name == "step_900.pt"
-    assert choose(es, refused={"step_900.pt"}).name == "step_900"
+    assert choose(es, refused={(9, "step_900.pt")}).name == "step_900"
+    assert choose(es, refused={(8, "step_900.pt")}).name == "step_900.pt", "a newer file under a refused name is a new checkpoint"
     assert choose(es, before_step=900).name == "step_800"
 
 

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from relaunch.commands import Command, Result, script  # noqa: E402
 from relaunch.errors import AuthenticationFailed, CommandFailed, CommandTooLong, HostKeyError, TransportError, is_transient  # noqa: E402
 from relaunch.ssh import PASSPHRASE_ENV, SSHTransport, describe_container_failure  # noqa: E402
 from relaunch.transport import run  # noqa: E402
+from tests.faults import wait_for  # noqa: E402
 
 
 @pytest.fixture
@@ -245,17 +247,36 @@ def test_a_restarted_server_is_reconnected() -> None:
         transport.close()
 
 
-def test_a_connection_lost_mid_command_raises_transport_error_and_the_next_call_reconnects() -> None:
+def test_a_connection_lost_mid_command_raises_transport_error_and_the_next_call_reconnects(tmp_path: Path) -> None:
+    started = tmp_path / "started"
     with running_sshd() as server:
         transport = SSHTransport(server.ssh_host())
         transport.execute(Command(argv=("true",)))
-        timer = threading.Timer(0.5, server.restart)
-        timer.start()
-        with pytest.raises(TransportError) as info:
-            transport.execute(Command(argv=("sleep", "20"), label="long step"))
-        timer.join()
-        assert "long step" in str(info.value) and is_transient(info.value)
+        problems: list[BaseException] = []
+
+        def restart_once_the_command_runs() -> None:
+            try:
+                wait_for(started.exists, 20, "the remote sleep to start")
+                server.restart()
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                problems.append(exc)
+
+        restarter = threading.Thread(target=restart_once_the_command_runs, daemon=True)
+        restarter.start()
+        try:
+            with pytest.raises(TransportError) as info:
+                transport.execute(Command(argv=("bash", "-c", 'touch "$1"; exec sleep 20', "-", str(started)), label="long step"))
+        finally:
+            restarter.join(30)
+        assert not problems and not restarter.is_alive(), problems
+        assert "long step" in str(info.value) and is_transient(info.value), "a dropped connection is a fault of the wire: the task retries it"
         assert transport.execute(Command(argv=("echo", "ok"))).stdout == "ok\n"
+        # A command that failed on the host is an answer, not a fault of the wire: never retried.
+        # (tests/test_remote_flow.py::test_a_dropped_connection_is_retried_by_prefect_and_a_failed_command_is_not
+        # shows both through a real task with retries; it is this row's second proof in the fault matrix.)
+        with pytest.raises(CommandFailed) as failed:
+            run(transport, Command(argv=("bash", "-c", "echo half done; exit 4"), label="failing step"))
+        assert failed.value.exit_code == 4 and "half done" in str(failed.value) and not is_transient(failed.value)
         transport.close()
 
 
@@ -355,34 +376,42 @@ def test_the_passphrase_comes_from_the_environment_and_never_appears_in_errors(
 
 
 def test_the_passphrase_can_come_from_a_prefect_secret_block_loaded_only_when_needed(
-    sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sshd: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_harness: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    """A real Secret block saved to the session's Prefect test server; a block that does not exist fails clearly."""
     from prefect.blocks.system import Secret
 
     passphrase = "block-held-5c1e"
     key = keygen(tmp_path / "encrypted", passphrase=passphrase)
     sshd.authorize(key)
-    loaded: list[str] = []
-
-    class FakeSecret:
-        def get(self) -> str:
-            return passphrase
-
-    def load(cls, name: str, **kwargs: object) -> FakeSecret:
-        loaded.append(name)
-        return FakeSecret()
-
-    monkeypatch.setattr(Secret, "load", classmethod(load))
+    tag = uuid.uuid4().hex[:8]
+    good, wrong, missing = f"ssh-pass-{tag}", f"ssh-pass-wrong-{tag}", f"ssh-pass-missing-{tag}"
+    Secret(value=passphrase).save(good)
+    Secret(value="not-" + passphrase).save(wrong)
+    assert Secret.load(good).get() == passphrase, "the block is on the server"
     monkeypatch.delenv(PASSPHRASE_ENV, raising=False)
+    caplog.set_level(logging.DEBUG)
 
-    plain = SSHTransport(sshd.ssh_host(passphrase_secret_block="ssh-pass"))  # unencrypted key: no secret needed
-    plain.execute(Command(argv=("true",)))
-    assert loaded == []
+    # An unencrypted key needs no passphrase: the block is never loaded, so even a missing one does no harm.
+    plain = SSHTransport(sshd.ssh_host(passphrase_secret_block=missing))
+    assert plain.execute(Command(argv=("echo", "plain"))).stdout == "plain\n"
+    plain.close()
 
-    encrypted = SSHTransport(sshd.ssh_host(key_path=str(key), passphrase_secret_block="ssh-pass"))
+    encrypted = SSHTransport(sshd.ssh_host(key_path=str(key), passphrase_secret_block=good))
     assert encrypted.execute(Command(argv=("echo", "ok"))).stdout == "ok\n"
-    assert loaded == ["ssh-pass"]
+    encrypted.close()
+
+    with pytest.raises(AuthenticationFailed) as not_there:
+        SSHTransport(sshd.ssh_host(key_path=str(key), passphrase_secret_block=missing)).execute(Command(argv=("true",)))
+    assert f"cannot load Secret block {missing!r}" in str(not_there.value) and "127.0.0.1" in str(not_there.value), str(not_there.value)
+
+    with pytest.raises(AuthenticationFailed) as bad:
+        SSHTransport(sshd.ssh_host(key_path=str(key), passphrase_secret_block=wrong)).execute(Command(argv=("true",)))
+    assert f"cannot decrypt it with the passphrase from Secret block {wrong!r} (wrong passphrase?)" in str(bad.value) and str(key) in str(bad.value)
+
+    for exc in (not_there.value, bad.value):
+        assert passphrase not in _full_text(exc)
+    assert passphrase not in caplog.text
 
 
 def _closed_port() -> int:

@@ -19,7 +19,10 @@ from tasks.rebuild_venv import rebuild_venv
 from tasks.restore_code import restore_code
 from tasks.stop import stop
 from tasks.warm_cache import warm_cache
+from tests.faults import wait_for
 from tests.targets import shell_target, tmux_alive
+
+LONG_POLL = 120  # seconds a poll may wait for the trainer to die: far longer than any wait these tests expect
 
 
 @pytest.fixture
@@ -56,21 +59,26 @@ def test_launch_records_pid_and_the_log_gets_the_trainers_output(target):
 
 
 def test_exit_code_is_recorded_and_a_death_ends_the_poll_at_once(made):
-    t = made(env={"EXIT_AT": "2", "EXIT_CODE": "3"})
+    # The trainer dies by itself at step 15 (0.2 s a step: ~3 s after launch), while a poll that may wait 120 s runs.
+    t = made(env={"EXIT_AT": "15", "EXIT_CODE": "3"})
     launch.fn(t, 1)
-    while not (run_record(t) / "exit_code").exists():
-        collect_snapshot(t, wait_seconds=5)  # returns when the trainer dies, not after 5 s
-    start = time.monotonic()
-    snap = collect_snapshot(t, wait_seconds=30)
-    assert time.monotonic() - start < 10
+    exit_code = run_record(t) / "exit_code"
+    started = time.time()
+    snap = collect_snapshot(t, wait_seconds=LONG_POLL)
+    returned = time.time()
     assert snap.exit_code == 3 and not snap.pid_alive
+    died = exit_code.stat().st_mtime  # the supervisor writes it the moment the trainer exits
+    assert started < died, "the trainer must die during the poll, not before it (launch took too long?)"
+    assert returned - died < 10, f"the poll returned {returned - died:.1f} s after the death; it must end at the death, not after its {LONG_POLL} s wait"
+    # A poll of a trainer that is already dead does not wait either.
+    before = time.monotonic()
+    assert collect_snapshot(t, wait_seconds=LONG_POLL).exit_code == 3
+    assert time.monotonic() - before < 10, f"a poll of a dead trainer waited (up to {LONG_POLL} s)"
     d = poll_until_settled(t).diagnosis
     assert (d.verdict, d.cause) == (Verdict.CRASHED, Cause.ERROR)
     assert "exit code 3" in d.evidence
-    deadline = time.monotonic() + 10
-    while tmux_alive(t.tmux_session) and time.monotonic() < deadline:
-        time.sleep(0.1)  # tail --pid notices within a second
-    assert not tmux_alive(t.tmux_session), "the pane ends with the trainer: nothing lingers"
+    # tail --pid notices within a second that the trainer is gone.
+    wait_for(lambda: not tmux_alive(t.tmux_session), 10, "the pane to end with the trainer: nothing lingers")
 
 
 def test_a_trainer_killed_with_its_session_is_a_silent_exit(target):
@@ -85,10 +93,11 @@ def test_a_trainer_killed_with_its_session_is_a_silent_exit(target):
 def test_the_trainer_and_its_log_survive_the_tmux_session(target):
     record, _ = launch.fn(target, 1)
     subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], check=True)
-    size = Path(record.log_path).stat().st_size
-    snap = collect_snapshot(target, wait_seconds=1)
+    log = Path(record.log_path)
+    size = log.stat().st_size
+    wait_for(lambda: log.stat().st_size > size, 10, "the trainer to write more to its log with its session gone")
+    snap = collect_snapshot(target)
     assert snap.pid_alive and not snap.session_alive
-    assert Path(record.log_path).stat().st_size > size
 
 
 def test_launch_refuses_while_the_recorded_trainer_is_alive(target):

@@ -1,6 +1,7 @@
 """Demo trainer: one thread per drafter, all calling compiled attention, step lines like the real run's.
 
-Faults are real: a missing import, the FX race from a drifted tinyattn, a hang (DEMO_FAULT=hang).
+Faults are real: a missing import, the FX race from a drifted tinyattn, a hang (DEMO_FAULT=hang), a loss that
+goes nan after a learning-rate spike (--lr-jump-at).
 """
 
 import argparse
@@ -26,6 +27,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", type=Path)
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--resume", type=Path)
+    # A learning-rate spike at this step (a bad schedule, as people launch by hand): the loss goes nan for real.
+    p.add_argument("--lr-jump-at", type=int)
+    p.add_argument("--lr-jump-factor", type=float, default=1e30)
     return p.parse_args()
 
 
@@ -93,6 +97,10 @@ def main() -> None:
         loss = sum(b[1] for b in batch) / len(batch)
         acc = sum(b[2] for b in batch) / len(batch)
         print(f"step={step} loss={loss:.4f} acc={acc:.3f} lr={args.lr:.2e} | dft={1 / per_step:.2f}b/s ({tokens / 1000:.1f}Ktok/s) | q_hs={[stats.qsize()] * args.drafters}", flush=True)
+        if args.lr_jump_at is not None and step == args.lr_jump_at:
+            for o in opts:
+                for group in o.param_groups:
+                    group["lr"] *= args.lr_jump_factor
         if args.checkpoint_dir and step % args.checkpoint_every == 0:
             save_checkpoint(args.checkpoint_dir, step, models, opts)
         if hang_after is not None and step >= hang_after:

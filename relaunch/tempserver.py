@@ -1,0 +1,278 @@
+"""A temporary Prefect API server that dies with the `relaunch` process that started it.
+
+The problem. With no PREFECT_API_URL, Prefect 3 starts a temporary ("ephemeral") API server on first
+use: `prefect.server.api.server.SubprocessASGIServer` runs `subprocess.Popen([python, -m, uvicorn,
+... create_app])` and stops it from an `atexit` hook. A CLI that is SIGKILLed (or OOM-killed, or dies
+of an unhandled SIGTERM) runs no atexit hook, so the server (~200 MB) is orphaned and keeps running.
+
+The mechanism chosen: relaunch starts that same server itself, as its own child, before Prefect is
+imported, and points PREFECT_API_URL at it; Prefect then sees a configured server and starts none.
+PREFECT_API_URL is a public, stable setting, so no Prefect internals are patched. Owning the Popen
+call is what lets the child be tied to this process, twice over:
+
+- A lifeline pipe. Only this process holds its write end (`os.pipe` fds are not inherited by other
+  children); when this process dies, however it dies, the kernel closes it, and a thread in the
+  server reads EOF and shuts the server down (SIGTERM to itself, a hard exit after a grace period).
+  Portable, and indifferent to which thread started the server.
+- Linux `PR_SET_PDEATHSIG(SIGTERM)`, set in the server first thing, then `getppid()` checked to close
+  the race with a parent that died before. This covers what the pipe misses: a child of ours forked
+  without exec (multiprocessing's fork start method) would inherit the write end and keep the pipe
+  open. PDEATHSIG fires when the *thread* that forked exits, so `main()` starts the server from the
+  main thread, before anything else.
+
+The listening socket is bound here (kernel-chosen port) and handed to the server, so there is no port
+race, and this process does not wait for the server to boot: requests made before it is up wait in
+the socket's backlog. The server boots (~4 s) while the CLI imports its flows, so the CLI gets faster.
+
+Rejected: (a) `prctl` from a `preexec_fn` in Prefect's own Popen means monkeypatching the private
+`SubprocessASGIServer._run_uvicorn_command`, and `preexec_fn` is unsafe once threads exist (Prefect
+starts them freely). (c) A watchdog wrapper around Prefect's server needs that same Popen call.
+
+Fail safe: whether Prefect would start a temporary server at all (no URL in the active profile or
+prefect.toml, ephemeral mode on) is decided by the server child with Prefect's own settings (this
+process waits the ~1 s that takes), before PREFECT_API_URL is set here; if not, it exits and nothing
+changes. If it cannot start, a warning is printed and Prefect's own behaviour takes over. The CLI
+never fails because of this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# The commands that run Prefect flows; the others (diagnose, rollback-venv, --help) never need a server.
+FLOW_COMMANDS = frozenset({"check", "recover", "demo", "fleet"})
+PREFECT_APP = "prefect.server.api.server:create_app"
+# The environment Prefect gives its own temporary server (prefect 3.9.1, SubprocessASGIServer):
+# no UI, and the ephemeral set of background services.
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+# Server exit code: Prefect would not start a temporary server here (a server is configured elsewhere).
+NOT_WANTED = 5
+# uvicorn's exit code when the app fails to start.
+STARTUP_FAILURE = 3
+GO = b"1"
+# Generous: a busy 2-core host takes seconds just to import Prefect's settings.
+DECISION_TIMEOUT_SECONDS = 60.0
+STOP_GRACE_SECONDS = 5.0
+PR_SET_PDEATHSIG = 1
+
+
+class TempServerError(RuntimeError):
+    pass
+
+
+@dataclass
+class TempServer:
+    """Our child process serving Prefect's API on `api_url`."""
+
+    process: subprocess.Popen[bytes]
+    api_url: str
+    lifeline: int  # write end; this process dying closes it, and the server follows
+
+    def stop(self) -> None:
+        """Stop and reap the server; safe to call more than once (atexit, tests)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.lifeline >= 0:
+            os.close(self.lifeline)
+            self.lifeline = -1
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI side.
+
+
+def start_for_cli(argv: Sequence[str], environ: MutableMapping[str, str] = os.environ) -> TempServer | None:
+    """Called first in `main()`: start our temporary server when Prefect would start its own. Never raises."""
+    if not needs_temp_server(argv, environ):
+        return None
+    try:
+        server = start(environ)
+    except Exception as exc:  # noqa: BLE001 - any trouble here must leave the CLI working as before
+        print(f"relaunch: warning: no self-stopping temporary Prefect server ({exc}); Prefect starts its own, which outlives a killed relaunch", file=sys.stderr)
+        return None
+    if server is None:
+        return None
+    environ["PREFECT_API_URL"] = server.api_url
+    # Registered before Prefect is imported, so it runs after Prefect's own exit hooks have flushed logs and events.
+    atexit.register(server.stop)
+    return server
+
+
+def needs_temp_server(argv: Sequence[str], environ: MutableMapping[str, str]) -> bool:
+    """Cheap checks only: Prefect is not imported here (its settings are read once, at import)."""
+    if os.name != "posix" or environ.get("PREFECT_API_URL") or "--help" in argv:
+        return False
+    return _command(argv) in FLOW_COMMANDS and not _profile_sets_api_url(environ)
+
+
+def _profile_sets_api_url(environ: MutableMapping[str, str]) -> bool:
+    """A shortcut for `prefect config set PREFECT_API_URL=...`, saving the ~1 s the server child needs to decide.
+
+    A reading of Prefect's profiles file, not Prefect's full resolution: a miss (prefect.toml, .env)
+    still ends in the child's exact check; a wrong hit only leaves Prefect's own behaviour.
+    """
+    home = Path(environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    path = Path(environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        profiles = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    active = environ.get("PREFECT_PROFILE") or profiles.get("active")
+    table = profiles.get("profiles")
+    profile = table.get(active) if isinstance(table, dict) and isinstance(active, str) else None
+    return isinstance(profile, dict) and bool(profile.get("PREFECT_API_URL"))
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def start(environ: MutableMapping[str, str]) -> TempServer | None:
+    """Start the server child; None when Prefect would not start a temporary server here."""
+    listener = _listen()
+    port = listener.getsockname()[1]
+    lifeline_r, lifeline_w = os.pipe()
+    status_r, status_w = os.pipe()
+    try:
+        process = _spawn(environ, listener, lifeline_r, status_w)
+    except BaseException:
+        os.close(lifeline_w)
+        os.close(status_r)
+        raise
+    finally:
+        # The child has its copies. Ours must go: a dead child then refuses connections instead of
+        # leaving them hanging, and only the write end keeps the child alive.
+        listener.close()
+        os.close(lifeline_r)
+        os.close(status_w)
+    server = TempServer(process, f"http://127.0.0.1:{port}/api", lifeline_w)
+    try:
+        go = _await_decision(status_r, process)
+    except BaseException:
+        server.stop()
+        raise
+    finally:
+        os.close(status_r)
+    if not go:
+        server.stop()
+        return None
+    return server
+
+
+def _listen() -> socket.socket:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    # Listening now, before the server boots: early requests queue in the backlog instead of being refused.
+    listener.listen(2048)
+    return listener
+
+
+def _spawn(environ: MutableMapping[str, str], listener: socket.socket, lifeline_r: int, status_w: int) -> subprocess.Popen[bytes]:
+    fds = (listener.fileno(), lifeline_r, status_w)
+    args = ["--parent", str(os.getpid()), "--socket-fd", str(fds[0]), "--lifeline-fd", str(fds[1]), "--status-fd", str(fds[2]), PREFECT_APP]
+    # Same process group as the CLI, as with Prefect's own server: a Ctrl-C reaches both.
+    return subprocess.Popen([sys.executable, "-m", "relaunch.tempserver", *args], env={**environ, **SERVER_ENV}, stdin=subprocess.DEVNULL, pass_fds=fds)
+
+
+def _await_decision(status_r: int, process: subprocess.Popen[bytes]) -> bool:
+    ready, _, _ = select.select([status_r], [], [], DECISION_TIMEOUT_SECONDS)
+    if not ready:
+        raise TempServerError(f"the server did not answer within {DECISION_TIMEOUT_SECONDS:.0f} s")
+    if os.read(status_r, 1) == GO:
+        return True
+    code = process.wait(STOP_GRACE_SECONDS)  # it closed the pipe by exiting
+    if code == NOT_WANTED:
+        return False
+    raise TempServerError(f"the server exited with code {code}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The server side: `python -m relaunch.tempserver ...`, started by `_spawn`.
+
+
+def serve(parent: int, socket_fd: int, lifeline_fd: int, status_fd: int, app: str) -> int:
+    """Tie this process to `parent`, check Prefect wants a temporary server, then serve `app` on the socket."""
+    if not _die_with(parent):
+        return 1
+    _watch_lifeline(lifeline_fd)
+    if not _prefect_would_start_its_own():
+        return NOT_WANTED
+    import uvicorn
+
+    # What Prefect's `python -m uvicorn --factory APP --log-level error --lifespan on` sets up.
+    server = uvicorn.Server(uvicorn.Config(app, factory=True, log_level="error", lifespan="on"))
+    os.write(status_fd, GO)
+    os.close(status_fd)
+    # The slow part (~3 s of imports) before uvicorn takes SIGTERM over: until then, a dying parent's SIGTERM ends us at once.
+    importlib.import_module(app.partition(":")[0])
+    server.run(sockets=[socket.socket(fileno=socket_fd)])
+    return 0 if server.started else STARTUP_FAILURE
+
+
+def _die_with(parent: int) -> bool:
+    """Linux: SIGTERM when the parent dies. False when it already has (we were re-parented)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the lifeline still stops us
+    return os.getppid() == parent
+
+
+def _watch_lifeline(fd: int) -> None:
+    """On EOF (the parent is gone, or stopping us) shut down like a SIGTERMed uvicorn; exit hard if that hangs."""
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 1024):
+                pass
+        except OSError:
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="relaunch-lifeline", daemon=True).start()
+
+
+def _prefect_would_start_its_own() -> bool:
+    """The test `prefect.client.orchestration.get_client` makes before starting SubprocessASGIServer."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    return not PREFECT_API_URL.value() and bool(PREFECT_SERVER_EPHEMERAL_ENABLED.value())
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m relaunch.tempserver", description="A temporary Prefect API server that stops when its parent dies.")
+    parser.add_argument("--parent", type=int, required=True, help="PID that must be our parent.")
+    parser.add_argument("--socket-fd", type=int, required=True, help="Listening socket to serve on.")
+    parser.add_argument("--lifeline-fd", type=int, required=True, help="Read end of a pipe; EOF stops the server.")
+    parser.add_argument("--status-fd", type=int, required=True, help="Write end of a pipe; gets one byte once we serve.")
+    parser.add_argument("app", help="ASGI app factory, module:function.")
+    args = parser.parse_args(argv)
+    return serve(args.parent, args.socket_fd, args.lifeline_fd, args.status_fd, args.app)
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,139 @@
+"""The CLI as a person types it: a plain shell's PATH, real processes, exit codes that mean one thing each."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.launch import launch
+from tests.faults import ROOT, write_target
+from tests.targets import shell_target, stop_all, tmux_alive, wait_for_exit
+
+RELAUNCH = str(Path(sys.executable).parent / "relaunch")
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+
+
+def plain_env(home: Path, **extra: str) -> dict[str, str]:
+    """What `env -i HOME=... PATH=/usr/bin:/bin` gives: no venv on PATH, no Prefect settings."""
+    return {"HOME": str(home), "PATH": "/usr/bin:/bin", "PREFECT_HOME": str(home / ".prefect"), **extra}
+
+
+def typed(args: list[str], home: Path, timeout: float = 180, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([RELAUNCH, *args], env=plain_env(home, **extra), capture_output=True, text=True, timeout=timeout, cwd=home)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "home").mkdir()
+    return tmp_path / "home"
+
+
+def test_version_and_help_say_what_they_should(home):
+    version = typed(["--version"], home)
+    assert version.returncode == 0 and version.stdout.startswith("relaunch ")
+    text = typed(["--help"], home).stdout
+    assert "Exit codes: 0 healthy" in " ".join(text.split()) and "3 an unexpected error" in " ".join(text.split())
+    for command in ("demo", "diagnose", "check", "recover", "stop", "logs", "fleet", "rollback-venv"):
+        assert command in text
+
+
+@pytest.mark.parametrize(
+    ("fixture", "options", "code"),
+    [
+        ("cpu/generic_error.log", ["--exit-code", "1"], 1),
+        ("gpu/flex_compiled.log", ["--running", "--seconds-since-log-write", "1"], 0),
+    ],
+)
+def test_diagnose_exits_1_for_a_sick_run_and_0_for_a_healthy_one(home, fixture, options, code):
+    assert typed(["diagnose", str(LOGS / fixture), *options], home).returncode == code
+
+
+def test_a_bad_target_file_exits_2_with_one_clean_line(home):
+    bad = home / "target.yaml"
+    bad.write_text("name: x\nrepo_dir: relative\n")
+    result = typed(["check", str(bad)], home)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert str(bad) in result.stderr and "repo_dir" in result.stderr
+
+
+def test_an_unexpected_error_is_one_line_and_exit_3_and_debug_shows_the_traceback(home, tmp_path):
+    target = write_target(shell_target(tmp_path / "t"), home / "target.yaml")
+    # A Prefect API that refuses connections: a real failure that is not relaunch's own error class.
+    plain = typed(["check", str(target)], home, PREFECT_API_URL="http://127.0.0.1:9/api")
+    assert plain.returncode == 3, plain.stderr
+    assert "relaunch: unexpected error:" in plain.stderr and "--debug" in plain.stderr and "Traceback" not in plain.stderr
+    debug = typed(["--debug", "check", str(target)], home, PREFECT_API_URL="http://127.0.0.1:9/api")
+    assert debug.returncode == 3 and "Traceback (most recent call last)" in debug.stderr
+
+
+def test_check_stop_and_logs_work_as_typed_from_a_plain_shell(home, tmp_path):
+    t = shell_target(tmp_path / "t", name="typed")
+    target = write_target(t, home / "target.yaml")
+    try:
+        recovered = typed(["recover", str(target)], home)
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        assert "verdict: healthy" in recovered.stdout
+        logs = typed(["logs", str(target), "-n", "2"], home)
+        assert logs.returncode == 0 and len(logs.stdout.splitlines()) == 2 and logs.stdout.startswith("step=")
+        checked = typed(["check", str(target)], home)
+        assert checked.returncode == 0 and "healthy" in checked.stdout
+        stopped = typed(["stop", str(target)], home)
+        assert stopped.returncode == 0 and "stopped (" in stopped.stdout
+        assert not tmux_alive(t.tmux_session)
+        sick = typed(["check", str(target)], home)
+        assert sick.returncode == 1 and "crashed" in sick.stdout, "a stopped run is not healthy, and the check says so"
+    finally:
+        stop_all(t)
+
+
+def test_logs_follow_prints_new_lines_and_ends_quietly_when_the_reader_leaves(home, tmp_path):
+    t = shell_target(tmp_path / "t", name="follow")
+    target = write_target(t, home / "target.yaml")
+    try:
+        launch.fn(t, 1)
+        proc = subprocess.Popen(f"{RELAUNCH} logs -f -n 1 {target} | head -n 5", shell=True, env=plain_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = proc.communicate(timeout=60)
+        steps = [int(line.split()[0].split("=")[1]) for line in out.splitlines()]
+        assert len(steps) == 5 and steps == sorted(steps) and steps[-1] > steps[0], out
+        assert "Traceback" not in err and "Broken pipe" not in err, err
+    finally:
+        stop_all(t)
+
+
+def test_check_with_recover_recovers_a_crashed_run_as_the_nightly_check_does(home, tmp_path):
+    t = shell_target(tmp_path / "t", name="nightly")
+    target = write_target(t, home / "target.yaml")
+    try:
+        launch.fn(t.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}}), 1)
+        wait_for_exit(t)
+        result = typed(["check", "--recover", str(target)], home)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "check found crashed" in result.stdout and "verdict: healthy" in result.stdout
+    finally:
+        stop_all(t)
+
+
+def test_fleet_checks_every_target_of_a_fleet_file_and_exits_1_when_one_is_sick(home, tmp_path):
+    ok, sick = shell_target(tmp_path / "ok", name="ok"), shell_target(tmp_path / "sick", name="sick")
+    write_target(ok, home / "ok.yaml")
+    write_target(sick, home / "sick.yaml")
+    (home / "fleet.yaml").write_text("targets: [ok.yaml, sick.yaml]\nmax_concurrent: 2\n")
+    try:
+        launch.fn(ok, 1)
+        result = typed(["fleet", "--check-only", str(home / "fleet.yaml")], home)
+        assert result.returncode == 1, result.stdout + result.stderr
+        rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.split() and line.split()[0] in ("ok", "sick")}
+        assert "healthy" in rows["ok"] and "unknown" in rows["sick"], result.stdout
+    finally:
+        stop_all(ok, sick)
+
+
+def test_the_demo_writes_its_target_file_and_says_how_to_check_it(home):
+    result = typed(["demo", "--scenario", "healthy", "--workdir", str(home / "demo")], home, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    target = home / "demo" / "healthy" / "target.yaml"
+    assert target.exists() and f"check {target}" in result.stdout and f"stop {target}" in result.stdout
+    assert typed(["check", str(target)], home).returncode == 1, "the demo stopped its trainer at the end"
