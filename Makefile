@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup demo demo-all test serve bench bench-fleet
+.PHONY: setup lint demo demo-all test serve bench bench-fleet
 
 setup: $(VENV)/.installed $(WHEELS)/.complete
 
@@ -33,8 +33,14 @@ demo: setup
 demo-all: setup
 	for s in healthy missing-dependency fx-race silent-death degraded diverged broken-checkpoint; do $(VENV)/bin/relaunch demo --scenario $$s || exit 1; done
 
-test: setup
-	$(PY) -m pytest -q
+# Lint first (seconds): ruff for Python, shellcheck for every script relaunch runs on a host.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	cd relaunch/host && shellcheck -x -s bash *.sh
+
+test: lint
+	$(PY) -m pytest -q -n 2
 
 # A local control plane: Prefect server (SQLite), work pool, deployments, a worker. Ctrl-C stops it all.
 serve: setup

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,12 @@ def wait_for(path: Path, text: str, count: int = 1, timeout: float = 300) -> Non
 
 def main(work: Path) -> None:
     rows = []
-    for scenario, name in [("missing-dependency", "missing_dependency"), ("fx-race", "fx_race_cpu"), ("silent-death", "silent_death"), ("degraded", "degraded_uncompiled")]:
+    for scenario, name in [
+        ("missing-dependency", "missing_dependency"),
+        ("fx-race", "fx_race_cpu"),
+        ("silent-death", "silent_death"),
+        ("degraded", "degraded_uncompiled"),
+    ]:
         target = prepare(scenario, work / scenario)
         log = attempt_log(target, "-a0")
         if scenario == "degraded":
@@ -60,13 +65,17 @@ def main(work: Path) -> None:
     run(transport_for(hang.host), plan_stop(hang, 20), check=False)
     shutil.copy(log, OUT / "hang.log")
     rows.append(("hang.log", "demo trainer with DEMO_FAULT=hang: drafters block after 5 steps; stopped by relaunch (SIGTERM)"))
-    torch = subprocess.run([f"{target.venv_dir}/bin/python", "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True).stdout.strip()
-    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    torch = subprocess.run(
+        [f"{target.venv_dir}/bin/python", "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
     table = "\n".join(f"| {f} | {what} | {stamp} |" for f, what in rows)
     (OUT / "PROVENANCE.md").write_text(
         "# Demo trainer fixtures\n\nCaptured by `bench/capture_demo_fixtures.py` on a 2-core CPU machine, "
         f"torch {torch}, Python {sys.version.split()[0]}. Each file is the trainer's log exactly as the supervisor wrote it; "
-        "lines starting `[relaunch]` are the supervisor's own.\n\n| file | what produced it | captured |\n| --- | --- | --- |\n" + table + "\n"
+        "lines starting `[relaunch]` are the supervisor's own.\n\n| file | what produced it | captured |\n| --- | --- | --- |\n"
+        + table
+        + "\n"
     )
 
 

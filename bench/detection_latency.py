@@ -91,14 +91,19 @@ def main() -> None:
     rng = random.Random(args.seed)
     results = [trial(target, mode, rng) for _ in range(args.trials) for mode in ("trainer", "group")]
     by_mode = {m: summary([r["latency_seconds"] for r in results if r["mode"] == m]) for m in ("trainer", "group")}
-    print(json.dumps({
-        "what": "seconds from SIGKILL of the demo trainer to a crashed verdict; one round trip per poll, poll_interval_seconds=5",
-        "host": "local",
-        "overall": summary([r["latency_seconds"] for r in results]),
-        "by_mode": by_mode,
-        "causes": sorted({r["cause"] for r in results}),
-        "trials": results,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "what": "seconds from SIGKILL of the demo trainer to a crashed verdict; one round trip per poll, poll_interval_seconds=5",
+                "host": "local",
+                "overall": summary([r["latency_seconds"] for r in results]),
+                "by_mode": by_mode,
+                "causes": sorted({r["cause"] for r in results}),
+                "trials": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -93,7 +93,13 @@ def diagnose(log: Path) -> tuple[float, float, dict]:
 
 def measure(log: Path) -> None:
     started = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "relaunch.cli", "diagnose", str(log), "--exit-code", "1", "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-m", "relaunch.cli", "diagnose", str(log), "--exit-code", "1", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     wall = time.perf_counter() - started
     if run.returncode != 0:
         raise SystemExit(f"diagnose exited {run.returncode}: {run.stderr[-2000:]}")
@@ -120,7 +126,20 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     evidence = [re.sub(r"\s+", " ", line)[:120] for line in out["evidence"]]
-    print(json.dumps({"log_bytes": size, "wall_seconds": round(wall, 2), "peak_rss_mb": round(peak_mb, 1), "verdict": out["verdict"], "cause": out["cause"], "last_step": out["metrics"]["last_step"], "output_bytes": out["output_bytes"], "evidence": evidence}))
+    print(
+        json.dumps(
+            {
+                "log_bytes": size,
+                "wall_seconds": round(wall, 2),
+                "peak_rss_mb": round(peak_mb, 1),
+                "verdict": out["verdict"],
+                "cause": out["cause"],
+                "last_step": out["metrics"]["last_step"],
+                "output_bytes": out["output_bytes"],
+                "evidence": evidence,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -56,7 +56,17 @@ def main() -> None:
         measure(targets[:2], concurrencies[0])  # warm-up: the first flow run of a process pays for imports and client set-up
         results = [measure(targets[:n], c) for c in concurrencies for n in sizes]
         load = round(os.getloadavg()[0], 2)
-    print(json.dumps({"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_1m": load}, "launch_seconds": setup_seconds, "step_seconds": args.step_seconds, "results": results}, indent=2))
+    print(
+        json.dumps(
+            {
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_1m": load},
+                "launch_seconds": setup_seconds,
+                "step_seconds": args.step_seconds,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
 
 
 def log(message: str) -> None:
@@ -68,7 +78,14 @@ def make_targets(work: Path, n: int, step_seconds: float):
 
     base = shell_target(work / "shared", name="bench")  # one repo and lock; each target its own logs, state and session
     return [
-        base.model_copy(update={"name": f"bench{i:03d}", "tmux_session": f"{base.tmux_session}-{i:03d}", "log_dir": str(work / f"t{i:03d}" / "logs"), "env": {"STEP_SECONDS": str(step_seconds)}})
+        base.model_copy(
+            update={
+                "name": f"bench{i:03d}",
+                "tmux_session": f"{base.tmux_session}-{i:03d}",
+                "log_dir": str(work / f"t{i:03d}" / "logs"),
+                "env": {"STEP_SECONDS": str(step_seconds)},
+            }
+        )
         for i in range(n)
     ]
 

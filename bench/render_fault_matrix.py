@@ -20,7 +20,9 @@ def main() -> int:
         return 0 if same else 1
     DOC.parent.mkdir(parents=True, exist_ok=True)
     DOC.write_text(text)
-    print(f"wrote {DOC.relative_to(ROOT)} ({sum(1 for line in text.splitlines() if line.startswith('| ') and not line.startswith('| guarantee') )} rows)")
+    print(
+        f"wrote {DOC.relative_to(ROOT)} ({sum(1 for line in text.splitlines() if line.startswith('| ') and not line.startswith('| guarantee'))} rows)"
+    )
     return 0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from demo.target import GOOD_PINS, base_pins, build_repo, make_target, wheelhouse
 from demo.wheels import build_all
+from relaunch import runlayout
 from relaunch.config import Target
 from relaunch.transport import local_env, run, transport_for
 from tasks.health import collect_snapshot
@@ -41,7 +42,12 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("silent-death", "the trainer and its tmux session killed after a checkpoint", "silent_exit", "crashed"),
         Scenario("degraded", "the model file hacked to skip torch.compile: 4x slower", None, "degraded"),
         Scenario("diverged", "launched by hand with a learning-rate spike at step 25: the loss goes nan", None, "diverged"),
-        Scenario("broken-checkpoint", "the newest checkpoint truncated (a save cut short), and the run resumed from it", "broken_checkpoint", "crashed"),
+        Scenario(
+            "broken-checkpoint",
+            "the newest checkpoint truncated (a save cut short), and the run resumed from it",
+            "broken_checkpoint",
+            "crashed",
+        ),
     ]
 }
 
@@ -114,8 +120,8 @@ def _silent_death(target: Target) -> None:
     _launch_broken(target)
     ckpt = Path(target.checkpoint_dir or "")
     _wait_until(target, "first checkpoint", lambda s: any(ckpt.glob("step_*.pt")))
-    run_dir = Path(target.state_path) / "runs" / (Path(target.state_path) / "current").read_text().strip()
-    supervisor = int((run_dir / "supervisor_pid").read_text().split()[0])
+    run_id = Path(runlayout.current_file(target.state_path)).read_text().strip()
+    supervisor = int(Path(runlayout.record(target.state_path, run_id, runlayout.SUPERVISOR_PID)).read_text().split()[0])
     # What the incident saw: process and tmux session gone at once, nothing written after.
     os.killpg(supervisor, signal.SIGKILL)
     subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], check=False)
@@ -160,5 +166,13 @@ def _stop_previous(work: Path, name: str) -> None:
     """A demo folder from an earlier run may still have a trainer: stop it by its records first."""
     state = work / "logs" / ".relaunch"
     if state.exists() or subprocess.run(["tmux", "has-session", "-t", f"={name}"], capture_output=True).returncode == 0:
-        target = Target(name=name, repo_dir=str(work / "repo"), venv_dir=str(work / "venv"), lock_file="x", launch_command="true", log_dir=str(work / "logs"), tmux_session=name)
+        target = Target(
+            name=name,
+            repo_dir=str(work / "repo"),
+            venv_dir=str(work / "venv"),
+            lock_file="x",
+            launch_command="true",
+            log_dir=str(work / "logs"),
+            tmux_session=name,
+        )
         run(transport_for(target.host), plan_stop(target, 20), check=False)

@@ -40,7 +40,13 @@ def lock_text(pins: dict[str, str]) -> str:
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "relaunch demo", "GIT_AUTHOR_EMAIL": "demo@relaunch.invalid", "GIT_COMMITTER_NAME": "relaunch demo", "GIT_COMMITTER_EMAIL": "demo@relaunch.invalid"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "relaunch demo",
+        "GIT_AUTHOR_EMAIL": "demo@relaunch.invalid",
+        "GIT_COMMITTER_NAME": "relaunch demo",
+        "GIT_COMMITTER_EMAIL": "demo@relaunch.invalid",
+    }
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout
 
 

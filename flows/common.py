@@ -12,7 +12,17 @@ from tasks.health import HealthResult
 
 def attempt_from(number: int, health: HealthResult, action: Action, why: str) -> Attempt:
     d = health.diagnosis
-    return Attempt(number=number, verdict=d.verdict, cause=d.cause, package=d.package, summary=d.summary, action=action, why=why, evidence=d.evidence, metrics=d.metrics)
+    return Attempt(
+        number=number,
+        verdict=d.verdict,
+        cause=d.cause,
+        package=d.package,
+        summary=d.summary,
+        action=action,
+        why=why,
+        evidence=d.evidence,
+        metrics=d.metrics,
+    )
 
 
 def report_key(report: Report) -> str:
@@ -26,8 +36,16 @@ def publish(report: Report) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     try:
-        create_markdown_artifact(markdown=report.markdown(), key=report_key(report), description=f"{report.verdict.value if report.verdict else 'none'}: {report.message}"[:500])
+        create_markdown_artifact(
+            markdown=report.markdown(),
+            key=report_key(report),
+            description=f"{report.verdict.value if report.verdict else 'none'}: {report.message}"[:500],
+        )
         if report.gpus:
-            create_table_artifact(table=[g.model_dump() for g in report.gpus], key=report_key(report) + "-gpus", description="GPU memory and utilisation at the last poll")
+            create_table_artifact(
+                table=[g.model_dump() for g in report.gpus],
+                key=report_key(report) + "-gpus",
+                description="GPU memory and utilisation at the last poll",
+            )
     except Exception as exc:  # the report is also returned and logged: an artifact failure must not fail the flow
         log().warning("could not publish artifacts: %s", exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated
 
 from prefect import flow, task
@@ -52,7 +52,7 @@ class FleetRow(BaseModel):
 class FleetReport(BaseModel):
     """What check-fleet returns and publishes as its table artifact."""
 
-    started_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    started_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     finished_at: str | None = None
     targets: int = 0
     max_concurrent: int = 1
@@ -116,14 +116,16 @@ def check_fleet(
             by_host[host_limit_name(targets[i])].append(i)
         log().info("recovering %d target(s) on %d host(s): %s", len(sick), len(by_host), ", ".join(targets[i].name for i in sick))
         with ThreadPoolTaskRunner(max_workers=min(max_concurrent, len(by_host))) as runner:
-            futures = {host: runner.submit(recover_host, {"host": host, "targets": [targets[i] for i in idx]}) for host, idx in by_host.items()}
+            futures = {
+                host: runner.submit(recover_host, {"host": host, "targets": [targets[i] for i in idx]}) for host, idx in by_host.items()
+            }
             for host, future in futures.items():
                 for i, outcome in zip(by_host[host], future.result()):
                     _apply_recovery(rows[i], reports[i], outcome)
     fleet.recovery_phase_seconds = round(time.monotonic() - start, 3)
     fleet.rows = [rows[i] for i in range(len(targets))]
     fleet.reports = [reports[i] for i in range(len(targets))]
-    fleet.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    fleet.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
     log().info("%s", fleet.summary())
     _publish(fleet)
     if all(r.verdict in FINE for r in fleet.rows):
@@ -167,7 +169,18 @@ def _row_and_report(target: Target, result: HealthResult | BaseException, recove
     report.attempts.append(attempt_from(1, result, action, f"recovering through recover-training: {why}" if acting else f"would do: {why}"))
     report.gpus = result.snapshot.gpus
     report.finish(d.summary)
-    row = FleetRow(target=target.name, host=target.host.label, found=d.verdict, cause=d.cause, action=action, verdict=d.verdict, ok=report.ok, polls=result.polls, check_seconds=result.seconds, message=d.summary)
+    row = FleetRow(
+        target=target.name,
+        host=target.host.label,
+        found=d.verdict,
+        cause=d.cause,
+        action=action,
+        verdict=d.verdict,
+        ok=report.ok,
+        polls=result.polls,
+        check_seconds=result.seconds,
+        message=d.summary,
+    )
     return row, report
 
 

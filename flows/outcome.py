@@ -56,12 +56,22 @@ def emit(event: str, target: Target, report: Report | None = None, **labels: Any
     try:
         from prefect.events import emit_event
 
-        resource = {"prefect.resource.id": f"relaunch.target.{target.name}", "prefect.resource.name": target.name, "relaunch.host": target.host.label}
+        resource = {
+            "prefect.resource.id": f"relaunch.target.{target.name}",
+            "prefect.resource.name": target.name,
+            "relaunch.host": target.host.label,
+        }
         resource.update({f"relaunch.{k}": str(v) for k, v in labels.items() if v is not None})
         related = []
         ctx = FlowRunContext.get()
         if ctx and ctx.flow_run:
-            related.append({"prefect.resource.id": f"prefect.flow-run.{ctx.flow_run.id}", "prefect.resource.role": "flow-run", "prefect.resource.name": ctx.flow_run.name})
+            related.append(
+                {
+                    "prefect.resource.id": f"prefect.flow-run.{ctx.flow_run.id}",
+                    "prefect.resource.role": "flow-run",
+                    "prefect.resource.name": ctx.flow_run.name,
+                }
+            )
         payload = _payload(report) if report else {}
         emit_event(event=event, resource=resource, related=related, payload=payload)
     except Exception as exc:  # an event is a notice, never a reason to fail a recovery

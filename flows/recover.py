@@ -6,9 +6,9 @@ from contextlib import AbstractContextManager, nullcontext
 
 from prefect import flow, tags
 from prefect.client.orchestration import get_client
-from prefect.exceptions import ObjectNotFound
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
+from prefect.exceptions import ObjectNotFound
 
 from flows.common import attempt_from, publish
 from flows.outcome import emit, final_state, is_fine, run_tags, tag_flow_run
@@ -16,9 +16,8 @@ from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.playbook import Action, Step, choose_action, resume_constraints, steps_for
 from relaunch.report import Report, StepLine
-from relaunch.verdicts import Verdict
-from tasks.common import log
 from tasks.capture_stacks import capture_stacks
+from tasks.common import log
 from tasks.health import HealthResult, check_health
 from tasks.install_package import install_package
 from tasks.launch import launch
@@ -96,7 +95,14 @@ def checked(target: Target, attempt: int) -> HealthResult:
     """A health check, announced as `relaunch.verdict.<verdict>`."""
     health = check_health(target)
     d = health.diagnosis
-    emit(f"relaunch.verdict.{d.verdict.value}", target, None, cause=d.cause.value if d.cause else None, attempt=attempt, summary=d.summary[:200])
+    emit(
+        f"relaunch.verdict.{d.verdict.value}",
+        target,
+        None,
+        cause=d.cause.value if d.cause else None,
+        attempt=attempt,
+        summary=d.summary[:200],
+    )
     return health
 
 
@@ -108,7 +114,9 @@ def host_slot(target: Target) -> AbstractContextManager[object]:
     except ObjectNotFound:
         return nullcontext()
     # A short lease, renewed while held: a killed orchestrator frees the host within a minute.
-    return concurrency(host_limit_name(target), occupy=1, strict=True, lease_duration=60)
+    # A failed lease renewal (a server restart, a blip) must not cancel a multi-hour recovery mid-step:
+    # the slot then lapses within a lease, and the host-side lock still keeps recoveries apart.
+    return concurrency(host_limit_name(target), occupy=1, strict=True, lease_duration=60, raise_on_lease_renewal_failure=False)
 
 
 def host_limit_name(target: Target) -> str:
@@ -122,27 +130,49 @@ def _recover(target: Target, force: bool, report: Report) -> Report:
     for number in range(1, target.max_attempts + 2):
         actions_taken = number - 1
         left = target.max_attempts - actions_taken
-        action, why = choose_action(health.diagnosis, history, left, force=force and number == 1, unfinished=health.snapshot.unfinished_steps)
+        action, why = choose_action(
+            health.diagnosis, history, left, force=force and number == 1, unfinished=health.snapshot.unfinished_steps
+        )
         attempt = attempt_from(number, health, action, why)
         report.attempts.append(attempt)
         report.gpus = health.snapshot.gpus
-        log().info("attempt %d: %s%s -> %s", number, health.diagnosis.verdict.value, f" ({health.diagnosis.cause.value})" if health.diagnosis.cause else "", action.value)
+        log().info(
+            "attempt %d: %s%s -> %s",
+            number,
+            health.diagnosis.verdict.value,
+            f" ({health.diagnosis.cause.value})" if health.diagnosis.cause else "",
+            action.value,
+        )
         if action in (Action.NONE, Action.ESCALATE):
             break
         if not history:
-            emit("relaunch.recovery.started", target, None, cause=health.diagnosis.cause.value if health.diagnosis.cause else None, attempt=number, action=action.value)
+            emit(
+                "relaunch.recovery.started",
+                target,
+                None,
+                cause=health.diagnosis.cause.value if health.diagnosis.cause else None,
+                attempt=number,
+                action=action.value,
+            )
         history.append(health.diagnosis)
         try:
             attempt.steps, attempt.run_id = run_steps(target, action, health, number)
         except RelaunchError as exc:
             # The report still reaches the UI and the exception: which attempt, which step, what the host said.
             publish(report.finish(f"attempt {number} ({action.value}) failed: {exc}"))
-            emit("relaunch.recovery.failed", target, report, cause=health.diagnosis.cause.value if health.diagnosis.cause else None, attempt=number, step_failed=type(exc).__name__)
+            emit(
+                "relaunch.recovery.failed",
+                target,
+                report,
+                cause=health.diagnosis.cause.value if health.diagnosis.cause else None,
+                attempt=number,
+                step_failed=type(exc).__name__,
+            )
             exc.report = report  # type: ignore[attr-defined]
             raise
         health = checked(target, number + 1)
     final = report.attempts[-1]
-    message = final.why if final.action is Action.ESCALATE else ("healthy" if final.verdict is Verdict.HEALTHY else final.summary)
+    message = final.why if final.action is Action.ESCALATE else final.summary
     report.finish(message)
     publish(report)
     return report

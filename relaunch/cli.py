@@ -22,7 +22,12 @@ EXIT_CODES = (
     "3 an unexpected error (run again with --debug for the traceback)."
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Bring a dead or sick training run back to health, and say why it died.\n\n" + EXIT_CODES)
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Bring a dead or sick training run back to health, and say why it died.\n\n" + EXIT_CODES,
+)
 DEBUG = {"on": False}
 FINE_VERDICTS = ("healthy", "starting", "finished")
 
@@ -67,7 +72,10 @@ def _errors() -> Iterator[None]:
         if DEBUG["on"]:
             traceback.print_exc()
         last = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        print(f"relaunch: unexpected error: {last}\n  what to do: run again with --debug for the traceback, and report it if it looks like a bug", file=sys.stderr)
+        print(
+            f"relaunch: unexpected error: {last}\n  what to do: run again with --debug for the traceback, and report it if it looks like a bug",
+            file=sys.stderr,
+        )
         raise typer.Exit(3) from None
 
 
@@ -76,7 +84,11 @@ def _print_report(report: Any, as_json: bool) -> None:
         print(json.dumps(report.model_dump(mode="json"), indent=2))
         return
     print("\n".join(report.timeline()))
-    print(f"verdict: {report.verdict.value if report.verdict else 'none'}" + (f" ({report.cause.value})" if report.cause else "") + (f": {report.message}" if report.message else ""))
+    print(
+        f"verdict: {report.verdict.value if report.verdict else 'none'}"
+        + (f" ({report.cause.value})" if report.cause else "")
+        + (f": {report.message}" if report.message else "")
+    )
 
 
 def _exit_for(report: Any) -> None:
@@ -92,7 +104,9 @@ def _run_flow(flow: Callable[..., Any], **parameters: Any) -> Any:
 
 @app.command()
 def demo(
-    scenario: str = typer.Option("healthy", help="healthy, missing-dependency, fx-race, silent-death, degraded, diverged, broken-checkpoint"),
+    scenario: str = typer.Option(
+        "healthy", help="healthy, missing-dependency, fx-race, silent-death, degraded, diverged, broken-checkpoint"
+    ),
     workdir: Path = typer.Option(Path(".cache/demo"), help="Folder for the demo targets."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     keep_running: bool = typer.Option(False, help="Leave the recovered trainer running in tmux."),
@@ -116,9 +130,15 @@ def demo(
     _print_report(report, as_json)
     if not as_json:
         print(f"logs: {target.log_dir}   patches and run records: {target.state_path}")
-        print("the recovered trainer was stopped at the end; --keep-running leaves it in tmux" if not keep_running else f"the trainer runs on: tmux attach -t {target.tmux_session}")
+        print(
+            "the recovered trainer was stopped at the end; --keep-running leaves it in tmux"
+            if not keep_running
+            else f"the trainer runs on: tmux attach -t {target.tmux_session}"
+        )
         exe = Path(sys.argv[0]).resolve() if Path(sys.argv[0]).name == "relaunch" else "relaunch"
-        print(f"the demo's target file: {target_file}; try:\n  {exe} check {target_file}\n  {exe} logs {target_file}\n  {exe} stop {target_file}")
+        print(
+            f"the demo's target file: {target_file}; try:\n  {exe} check {target_file}\n  {exe} logs {target_file}\n  {exe} stop {target_file}"
+        )
     _exit_for(report)
 
 
@@ -143,7 +163,9 @@ def diagnose(
     dmesg: Optional[Path] = typer.Option(None, help="Kernel log lines (dmesg) from the host."),
     running: bool = typer.Option(False, help="The trainer is still alive (default: it is gone)."),
     baseline_tokens_per_second: Optional[float] = typer.Option(None, help="Known-good throughput."),
-    seconds_since_log_write: Optional[float] = typer.Option(None, help="With --running: how long ago the log last changed (default: its mtime)."),
+    seconds_since_log_write: Optional[float] = typer.Option(
+        None, help="With --running: how long ago the log last changed (default: its mtime)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print verdict, cause, package, evidence, metrics as JSON."),
 ) -> None:
     """Diagnose a saved log: what a person runs on the log of a run that died last night."""
@@ -161,11 +183,34 @@ def diagnose(
         except OSError as exc:
             raise ConfigError(f"cannot read {exc.filename}: {exc.strerror}") from None
     quiet = seconds_since_log_write if seconds_since_log_write is not None else max(0.0, time.time() - excerpt.mtime)
-    snap = HealthSnapshot(host="(saved log)", launched=True, pid_alive=running, exit_code=None if running else exit_code, log_tail=excerpt.tail, log_matches=excerpt.matches, kernel_lines=kernel, seconds_since_launch=1e9 if running else None, seconds_since_log_write=quiet, log_size_bytes=excerpt.size_bytes)
+    snap = HealthSnapshot(
+        host="(saved log)",
+        launched=True,
+        pid_alive=running,
+        exit_code=None if running else exit_code,
+        log_tail=excerpt.tail,
+        log_matches=excerpt.matches,
+        kernel_lines=kernel,
+        seconds_since_launch=1e9 if running else None,
+        seconds_since_log_write=quiet,
+        log_size_bytes=excerpt.size_bytes,
+    )
     thresholds = Thresholds(baseline_tokens_per_second=baseline_tokens_per_second)
     d = judge(snap, thresholds)
     if as_json:
-        print(json.dumps({"verdict": d.verdict.value, "cause": d.cause.value if d.cause else None, "package": d.package, "summary": d.summary, "evidence": d.evidence, "metrics": d.metrics.model_dump()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "verdict": d.verdict.value,
+                    "cause": d.cause.value if d.cause else None,
+                    "package": d.package,
+                    "summary": d.summary,
+                    "evidence": d.evidence,
+                    "metrics": d.metrics.model_dump(),
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"verdict: {d.verdict.value}" + (f" ({d.cause.value})" if d.cause else "") + f": {d.summary}")
         for line in d.evidence:
@@ -176,7 +221,9 @@ def diagnose(
 @app.command()
 def check(
     target_file: Path = typer.Argument(..., help="Target YAML."),
-    recover: bool = typer.Option(False, "--recover", help="Recover a crashed, stalled, degraded, diverged or never-launched run (the nightly check)."),
+    recover: bool = typer.Option(
+        False, "--recover", help="Recover a crashed, stalled, degraded, diverged or never-launched run (the nightly check)."
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Check a target's health; change nothing unless --recover."""
@@ -189,7 +236,11 @@ def check(
 
 
 @app.command()
-def recover(target_file: Path = typer.Argument(..., help="Target YAML."), force: bool = typer.Option(False, help="Run the full procedure even on a healthy run."), as_json: bool = typer.Option(False, "--json")) -> None:
+def recover(
+    target_file: Path = typer.Argument(..., help="Target YAML."),
+    force: bool = typer.Option(False, help="Run the full procedure even on a healthy run."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Recover a target: diagnose, act on the verdict through the playbook, check again."""
     from flows.recover import recover_training
 
@@ -200,14 +251,20 @@ def recover(target_file: Path = typer.Argument(..., help="Target YAML."), force:
 
 
 @app.command()
-def stop(target_file: Path = typer.Argument(..., help="Target YAML."), timeout_seconds: int = typer.Option(60, help="Wait this long for the trainer to exit before SIGKILL.")) -> None:
+def stop(
+    target_file: Path = typer.Argument(..., help="Target YAML."),
+    timeout_seconds: int = typer.Option(60, help="Wait this long for the trainer to exit before SIGKILL."),
+) -> None:
     """Stop the trainer by its records (PID, process group, exact tmux session) and wait for its GPU memory to be released."""
     with _errors():
         target = load_target(target_file)
         result = _stop(target, timeout_seconds)
     print(result.stdout.strip() or "nothing to stop")
     if result.exit_code != 0:
-        print(f"relaunch: the stop on {target.host.label} exited {result.exit_code}: {result.tail}\n  what to do: stop it by hand (tmux kill-session -t ={target.tmux_session}; kill its PID)", file=sys.stderr)
+        print(
+            f"relaunch: the stop on {target.host.label} exited {result.exit_code}: {result.tail}\n  what to do: stop it by hand (tmux kill-session -t ={target.tmux_session}; kill its PID)",
+            file=sys.stderr,
+        )
         raise typer.Exit(1)
 
 
@@ -231,7 +288,9 @@ def logs(
 
 @app.command()
 def fleet(
-    fleet_file: Path = typer.Argument(..., help="Fleet YAML: `targets:` (target files, relative to it, or inline targets), optional `max_concurrent:`."),
+    fleet_file: Path = typer.Argument(
+        ..., help="Fleet YAML: `targets:` (target files, relative to it, or inline targets), optional `max_concurrent:`."
+    ),
     recover: bool = typer.Option(True, "--recover/--check-only", help="Recover the sick targets (default), or only check."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -249,7 +308,9 @@ def fleet(
         print(json.dumps(result.model_dump(mode="json"), indent=2))
     else:
         for row in result.rows:
-            print(f"{row.target:<24} {row.host:<32} {(row.verdict.value if row.verdict else 'error'):<10} {'recovered' if row.recovered else '':<9} {row.message}")
+            print(
+                f"{row.target:<24} {row.host:<32} {(row.verdict.value if row.verdict else 'error'):<10} {'recovered' if row.recovered else '':<9} {row.message}"
+            )
         print(result.summary())
     raise typer.Exit(0 if all(r.verdict is not None and r.verdict.value in FINE_VERDICTS for r in result.rows) else 1)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from relaunch.config import Container
 from relaunch.errors import CommandTooLong
+from relaunch.host import host_script
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ class Result:
         return "\n".join(text.splitlines()[-20:])
 
 
-def script(text: str, *args: str, label: str, timeout_seconds: float | None = None, env: dict[str, str] | None = None, cwd: str | None = None) -> Command:
+def script(
+    text: str, *args: str, label: str, timeout_seconds: float | None = None, env: dict[str, str] | None = None, cwd: str | None = None
+) -> Command:
     """A bash script whose values arrive as "$1".. rather than spliced into the text."""
     return Command(
         argv=("bash", "--noprofile", "--norc", "-c", text, label or "relaunch", *args),
@@ -82,7 +85,9 @@ def host_argv(command: Command, container: Container | None, timeout_seconds: fl
     """
     shell = command.shell()
     if len(shell.encode()) > MAX_COMMAND_BYTES:
-        raise CommandTooLong(f"`{command.display}` is {len(shell.encode())} bytes; the limit is {MAX_COMMAND_BYTES}: send large data as a file")
+        raise CommandTooLong(
+            f"`{command.display}` is {len(shell.encode())} bytes; the limit is {MAX_COMMAND_BYTES}: send large data as a file"
+        )
     inner = ["bash", "--noprofile", "--norc", "-c", shell]
     if command.track_in:
         inner = ["bash", "--noprofile", "--norc", "-c", TRACK, "relaunch-track", command.track_in, _slug(command.label), *inner]
@@ -97,16 +102,7 @@ def host_argv(command: Command, container: Container | None, timeout_seconds: fl
 
 # Inside `timeout` (which leads its own process group): record PID, start time and group while the
 # command runs. A SIGKILLed orchestrator cannot stop the command; the record lets the next one.
-TRACK = r"""
-dir=$1 name=$2; shift 2
-mkdir -p -- "$dir" || exit 125
-rec="$dir/$name.$$"
-s=$(cat "/proc/$$/stat"); s=${s##*) }; read -ra f <<< "$s"
-printf '%s %s %s %s\n' "$$" "${f[19]}" "${f[2]}" "${f[1]}" > "$rec"
-"$@"; code=$?
-rm -f -- "$rec"
-exit "$code"
-"""
+TRACK = host_script("track")
 
 
 def _slug(label: str) -> str:

@@ -46,7 +46,9 @@ class Host(_Model):
     user: str = Field("root", description="SSH user.")
     known_hosts_path: str | None = Field(None, description="known_hosts file to verify the host key against (default ~/.ssh/known_hosts).")
     trust_on_first_use: bool = Field(False, description="Accept and record an unknown host key. Off: unknown keys are refused.")
-    key_path: str | None = Field(None, description="Private key file. The passphrase, if any, comes from RELAUNCH_SSH_PASSPHRASE or a Secret block.")
+    key_path: str | None = Field(
+        None, description="Private key file. The passphrase, if any, comes from RELAUNCH_SSH_PASSPHRASE or a Secret block."
+    )
     passphrase_secret_block: str | None = Field(None, description="Name of a Prefect Secret block holding the key passphrase.")
     connect_timeout_seconds: float = Field(10.0, gt=0, description="Give up connecting after this long.")
     command_timeout_seconds: float = Field(600.0, gt=0, description="Default limit for one remote command.")
@@ -66,19 +68,43 @@ class Host(_Model):
 class Thresholds(_Model):
     """When a run is starting, healthy, degraded or stalled."""
 
-    startup_grace_seconds: float = Field(900.0, ge=0, description="Before the first step line, a live trainer is `starting` for this long (the incident's start-up took well over 7 minutes).")
-    poll_interval_seconds: float = Field(5.0, ge=0.1, description="Longest wait between two health polls (fractions honoured); a death is noticed sooner through the exit-code file.")
+    startup_grace_seconds: float = Field(
+        900.0,
+        ge=0,
+        description="Before the first step line, a live trainer is `starting` for this long (the incident's start-up took well over 7 minutes).",
+    )
+    poll_interval_seconds: float = Field(
+        5.0,
+        ge=0.1,
+        description="Longest wait between two health polls (fractions honoured); a death is noticed sooner through the exit-code file.",
+    )
     settle_timeout_seconds: float = Field(1800.0, gt=0, description="Give up waiting for a settled verdict after this long.")
     healthy_steps: int = Field(3, ge=1, description="Step lines after launch needed to call a run healthy.")
-    stall_window_floor_seconds: float = Field(300.0, gt=0, description="A live run with no new step line for this long (or 10x its step interval, if longer) is stalled.")
+    stall_window_floor_seconds: float = Field(
+        300.0, gt=0, description="A live run with no new step line for this long (or 10x its step interval, if longer) is stalled."
+    )
     stall_interval_factor: float = Field(10.0, gt=1, description="Stall window as a multiple of the observed step interval.")
-    baseline_tokens_per_second: float | None = Field(None, gt=0, description="Known-good throughput; below degraded_ratio of it is degraded (incident: 21500).")
-    degraded_ratio: float = Field(0.5, gt=0, lt=1, description="Fraction of the baseline under which a run is degraded (incident: 4.3/21.5 = 0.2).")
-    throughput_pattern: str | None = Field(None, description="Regex with a named group `value` (and optional `unit` k/K) for tokens per second; default reads 20.0Ktok/s, 21500 tok/s, tokens/s, tok/sec.")
+    baseline_tokens_per_second: float | None = Field(
+        None, gt=0, description="Known-good throughput; below degraded_ratio of it is degraded (incident: 21500)."
+    )
+    degraded_ratio: float = Field(
+        0.5, gt=0, lt=1, description="Fraction of the baseline under which a run is degraded (incident: 4.3/21.5 = 0.2)."
+    )
+    throughput_pattern: str | None = Field(
+        None,
+        description="Regex with a named group `value` (and optional `unit` k/K) for tokens per second; default reads 20.0Ktok/s, 21500 tok/s, tokens/s, tok/sec.",
+    )
     step_pattern: str = Field(r"\bstep[=: ]\s*(?P<step>\d+)", description="Regex with a named group `step` that finds a step line.")
-    expected_gpus: int = Field(0, ge=0, description="GPUs the trainer should use; 0 where there are none (the demo). Fewer listed by nvidia-smi is a GPU fault.")
-    diverged_steps: int = Field(3, ge=1, description="A live run whose last this-many step lines all show a non-finite loss (nan, inf) has diverged.")
-    loss_pattern: str | None = Field(None, description="Regex with a named group `value` for the loss on a step line; default reads loss=nan, loss nan, loss: inf, 'loss': nan, train_loss=3.6.")
+    expected_gpus: int = Field(
+        0, ge=0, description="GPUs the trainer should use; 0 where there are none (the demo). Fewer listed by nvidia-smi is a GPU fault."
+    )
+    diverged_steps: int = Field(
+        3, ge=1, description="A live run whose last this-many step lines all show a non-finite loss (nan, inf) has diverged."
+    )
+    loss_pattern: str | None = Field(
+        None,
+        description="Regex with a named group `value` for the loss on a step line; default reads loss=nan, loss nan, loss: inf, 'loss': nan, train_loss=3.6.",
+    )
 
     @field_validator("step_pattern")
     @classmethod
@@ -108,7 +134,9 @@ class Target(_Model):
     host: Host = Field(default_factory=Host, description="Where the trainer runs.")
     repo_dir: str = Field(description="Git checkout of the training code on the host.")
     known_good_ref: str = Field("HEAD", description="Git ref the model code is restored to.")
-    restore_paths: list[str] = Field(default_factory=list, description="Paths (relative to repo_dir) restored to known_good_ref; empty: none.")
+    restore_paths: list[str] = Field(
+        default_factory=list, description="Paths (relative to repo_dir) restored to known_good_ref; empty: none."
+    )
     venv_dir: str = Field(description="Virtual environment the trainer runs in.")
     lock_file: str = Field(description="Pinned requirements (`name==version` lines), relative to repo_dir or absolute.")
     python: str = Field("python3", description="Interpreter uv builds the venv with.")
@@ -117,14 +145,20 @@ class Target(_Model):
     offline: bool = Field(False, description="Install only from find_links; never touch an index.")
     import_check: list[str] = Field(default_factory=list, description="Modules that must import in the fresh venv.")
     inductor_cache_dir: str = Field("/tmp/torchinductor_root", description="TORCHINDUCTOR_CACHE_DIR for warm-up and trainer.")
-    warmup_command: str | None = Field(None, description="Shell command (run in repo_dir with the venv active) that compiles every kernel once, single-threaded.")
+    warmup_command: str | None = Field(
+        None, description="Shell command (run in repo_dir with the venv active) that compiles every kernel once, single-threaded."
+    )
     launch_command: str = Field(description="Shell command that starts the trainer, run in repo_dir with the venv active.")
     tmux_session: str = Field("train", pattern=r"^[A-Za-z0-9_.-]+$", description="tmux session the trainer runs in.")
     log_dir: str = Field(description="Folder for per-attempt logs; logs are never deleted.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment for warm-up and trainer.")
     checkpoint_dir: str | None = Field(None, description="Folder of checkpoints (one sub-folder or file each); never modified.")
-    resume_arg: str = Field("--resume {checkpoint}", description="Appended to launch_command when a checkpoint exists; {checkpoint} is its path.")
-    state_dir: str | None = Field(None, description="relaunch's own files on the host (launcher, PIDs, exit codes, patches); default <log_dir>/.relaunch.")
+    resume_arg: str = Field(
+        "--resume {checkpoint}", description="Appended to launch_command when a checkpoint exists; {checkpoint} is its path."
+    )
+    state_dir: str | None = Field(
+        None, description="relaunch's own files on the host (launcher, PIDs, exit codes, patches); default <log_dir>/.relaunch."
+    )
     min_free_disk_gb: float = Field(5.0, ge=0, description="Preflight refuses to start with less free disk at venv_dir.")
     max_attempts: int = Field(3, ge=1, le=20, description="Recovery attempts before giving up.")
     keep_old_venvs: int = Field(2, ge=1, description="Old venvs kept aside; older ones are the only thing relaunch ever removes.")
@@ -175,7 +209,7 @@ class Target(_Model):
         return values
 
     @model_validator(mode="after")
-    def _folders_do_not_overlap(self) -> "Target":
+    def _folders_do_not_overlap(self) -> Target:
         if self.checkpoint_dir and "{checkpoint}" not in self.resume_arg:
             raise ValueError("resume_arg must contain {checkpoint}")
         others = self.protected_dirs()
@@ -271,7 +305,9 @@ def load_fleet(path: str | Path) -> tuple[list[Target], int]:
         raise ConfigError(f"{path}: expected `targets:` with a list of target files or targets")
     unknown = set(data) - {"targets", "max_concurrent"}
     if unknown:
-        raise ConfigError(f"{path}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; a fleet file has `targets` and `max_concurrent`")
+        raise ConfigError(
+            f"{path}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; a fleet file has `targets` and `max_concurrent`"
+        )
     targets = []
     for i, item in enumerate(data["targets"]):
         if isinstance(item, str):

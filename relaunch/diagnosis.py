@@ -12,23 +12,22 @@ from pydantic import BaseModel, Field
 from relaunch.config import Thresholds
 from relaunch.hardware import disk_full_evidence, gpu_fault_evidence
 from relaunch.snapshot import HealthSnapshot
+from relaunch.torchrun import RankFailure, collective_timeouts, root_cause
 from relaunch.verdicts import (
+    DEFAULT_LOSS,
     EXCEPTION_LINE,
     KERNEL_OOM,
     MODULE_TO_PACKAGE,
+    NATIVE_SIGNALS,
     SIGNAL_NAMES,
     SIGNATURES,
     SLOWDOWN_WARNINGS,
     WRAPPER_EXCEPTIONS,
-    DEFAULT_LOSS,
-    NATIVE_SIGNALS,
     Cause,
     Verdict,
 )
 
-DEFAULT_THROUGHPUT = re.compile(
-    r"(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[kKmM])?\s*(?:tok(?:en)?s?)\s*/\s*s(?:ec)?\b", re.IGNORECASE
-)
+DEFAULT_THROUGHPUT = re.compile(r"(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[kKmM])?\s*(?:tok(?:en)?s?)\s*/\s*s(?:ec)?\b", re.IGNORECASE)
 UNIT = {"k": 1e3, "m": 1e6}
 
 
@@ -46,7 +45,9 @@ class Diagnosis(BaseModel):
     cause: Cause | None = None
     package: str | None = Field(None, description="For missing_dependency: the distribution to install.")
     summary: str = Field("", description="One line a person reads first.")
-    checkpoint: str | None = Field(None, description="The checkpoint the attempt was launched with (for broken_checkpoint: the one to skip).")
+    checkpoint: str | None = Field(
+        None, description="The checkpoint the attempt was launched with (for broken_checkpoint: the one to skip)."
+    )
     disk_still_full: bool = Field(False, description="disk_full and the poll still finds less free space than the minimum.")
     evidence: list[str] = Field(default_factory=list, description="The log or signal lines that decided.")
     metrics: Metrics = Field(default_factory=Metrics)
@@ -155,7 +156,9 @@ def diagnose(snap: HealthSnapshot, thresholds: Thresholds, progress: Progress | 
     progress = progress or advance(Progress(), snap, thresholds)
     metrics = _metrics(snap, thresholds)
     if not snap.launched and not snap.session_alive and snap.exit_code is None:
-        return Diagnosis(verdict=Verdict.UNKNOWN, summary="no trainer on record", evidence=["no launch recorded and no tmux session"], metrics=metrics)
+        return Diagnosis(
+            verdict=Verdict.UNKNOWN, summary="no trainer on record", evidence=["no launch recorded and no tmux session"], metrics=metrics
+        )
     if snap.exit_code is not None or not snap.pid_alive:
         return _hardware(snap, thresholds, metrics, min_free_disk_gb) or _gone(snap, metrics)
     return _alive(snap, thresholds, progress, metrics)
@@ -165,15 +168,23 @@ def _hardware(snap: HealthSnapshot, t: Thresholds, metrics: Metrics, min_free_di
     """A failed GPU or a full disk outranks whatever the trainer printed: its errors are their knock-on."""
     gpu = gpu_fault_evidence(snap, t.expected_gpus)
     if gpu:
-        return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.GPU_FAULT, summary=gpu[0], evidence=[*gpu, *_kernel_note(snap)], metrics=metrics)
+        return Diagnosis(
+            verdict=Verdict.CRASHED, cause=Cause.GPU_FAULT, summary=gpu[0], evidence=[*gpu, *_kernel_note(snap)], metrics=metrics
+        )
     full = disk_full_evidence(snap, min_free_disk_gb)
     if full:
-        return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.DISK_FULL, summary=full[0], evidence=full, metrics=metrics, disk_still_full=True)
+        return Diagnosis(
+            verdict=Verdict.CRASHED, cause=Cause.DISK_FULL, summary=full[0], evidence=full, metrics=metrics, disk_still_full=True
+        )
     return None
 
 
 def _kernel_note(snap: HealthSnapshot) -> list[str]:
-    return ["the kernel log is not readable here (a container?): judged from nvidia-smi and the trainer's own lines"] if snap.kernel_readable is False else []
+    return (
+        ["the kernel log is not readable here (a container?): judged from nvidia-smi and the trainer's own lines"]
+        if snap.kernel_readable is False
+        else []
+    )
 
 
 def _metrics(snap: HealthSnapshot, thresholds: Thresholds) -> Metrics:
@@ -202,29 +213,83 @@ def _gone(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis:
     if cause is not None and cause[0] is Cause.BROKEN_CHECKPOINT and metrics.steps_seen:
         # It stepped, so the checkpoint it was given loaded: the load error is about something else.
         cause = (Cause.ERROR, None, cause[2])
+    rank = root_cause(snap.log_tail)
+    if rank and (cause is None or (cause[0] is Cause.ERROR and WRAPPER_EXCEPTIONS.search(cause[2][-1]))):
+        # torchrun's wrapper error says nothing; the rank that failed first does.
+        return _rank_failure(rank, snap, metrics, exit_text)
     if cause is not None and not (oom_kernel and cause[0] is Cause.ERROR):
         kind, package, decisive = cause
+        if kind is Cause.NCCL_FAILURE:
+            decisive = [*decisive, *collective_timeouts([*snap.log_matches, *snap.log_tail])]
+            decisive += [rank.describe()] if rank else []
         summary = f"{kind.value}: {decisive[-1].strip()}" if decisive else kind.value
         if package:
             summary = f"missing_dependency: install {package}"
-        extra = _checkpoint_note(snap) if kind is Cause.BROKEN_CHECKPOINT else _shm_note(snap) if kind in (Cause.NATIVE_CRASH, Cause.DISK_FULL) else []
+        extra = (
+            _checkpoint_note(snap)
+            if kind is Cause.BROKEN_CHECKPOINT
+            else _shm_note(snap)
+            if kind in (Cause.NATIVE_CRASH, Cause.DISK_FULL)
+            else []
+        )
+        extra += _kernel_note(snap) if kind is Cause.GPU_FAULT else []
         # A full /dev/shm does not empty itself on a relaunch: a person must give the container more.
         shm_full = kind is Cause.DISK_FULL and any("shared memory" in line for line in decisive)
-        return Diagnosis(verdict=Verdict.CRASHED, cause=kind, package=package, summary=summary, evidence=[*decisive, *extra, exit_text], metrics=metrics, checkpoint=snap.checkpoint, disk_still_full=shm_full)
+        return Diagnosis(
+            verdict=Verdict.CRASHED,
+            cause=kind,
+            package=package,
+            summary=summary,
+            evidence=[*decisive, *extra, exit_text],
+            metrics=metrics,
+            checkpoint=snap.checkpoint,
+            disk_still_full=shm_full,
+        )
     if oom_kernel or (code == 137 and any("Killed" == line.strip() for line in snap.log_tail[-3:])):
         evidence = [*oom_kernel, exit_text] if oom_kernel else [*_last_lines(snap, 2), exit_text]
-        return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.HOST_OOM_KILLED, summary="killed by the kernel's OOM killer", evidence=evidence, metrics=metrics)
+        return Diagnosis(
+            verdict=Verdict.CRASHED,
+            cause=Cause.HOST_OOM_KILLED,
+            summary="killed by the kernel's OOM killer",
+            evidence=evidence,
+            metrics=metrics,
+        )
     if code is not None and code - 128 in NATIVE_SIGNALS:
         name = SIGNAL_NAMES[code - 128]
         evidence = [*_last_lines(snap, 2), *_shm_note(snap), f"{exit_text} ({name}, raised by the trainer's own native code)"]
         return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.NATIVE_CRASH, summary=f"died of {name}", evidence=evidence, metrics=metrics)
     if code is not None and code > 128:
         name = SIGNAL_NAMES.get(code - 128, f"signal {code - 128}")
-        return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.KILLED, summary=f"killed by {name}", evidence=[*_last_lines(snap, 2), f"{exit_text} ({name})"], metrics=metrics)
+        return Diagnosis(
+            verdict=Verdict.CRASHED,
+            cause=Cause.KILLED,
+            summary=f"killed by {name}",
+            evidence=[*_last_lines(snap, 2), f"{exit_text} ({name})"],
+            metrics=metrics,
+        )
     if code is None:
         evidence = [_session_line(snap), "trainer PID not alive", exit_text, *_last_lines(snap, 2)]
-        return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.SILENT_EXIT, summary="the trainer vanished without an exit code or traceback", evidence=evidence, metrics=metrics)
-    return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.ERROR, summary=f"exited {code} without a traceback", evidence=[*_last_lines(snap, 3), exit_text], metrics=metrics)
+        return Diagnosis(
+            verdict=Verdict.CRASHED,
+            cause=Cause.SILENT_EXIT,
+            summary="the trainer vanished without an exit code or traceback",
+            evidence=evidence,
+            metrics=metrics,
+        )
+    return Diagnosis(
+        verdict=Verdict.CRASHED,
+        cause=Cause.ERROR,
+        summary=f"exited {code} without a traceback",
+        evidence=[*_last_lines(snap, 3), exit_text],
+        metrics=metrics,
+    )
+
+
+def _rank_failure(rank: RankFailure, snap: HealthSnapshot, metrics: Metrics, exit_text: str) -> Diagnosis:
+    signal = rank.signal_number
+    cause = Cause.NATIVE_CRASH if signal in NATIVE_SIGNALS else Cause.KILLED if signal else Cause.ERROR
+    summary = rank.describe()
+    return Diagnosis(verdict=Verdict.CRASHED, cause=cause, summary=summary, evidence=[summary, f"launcher: {exit_text}"], metrics=metrics)
 
 
 def _checkpoint_note(snap: HealthSnapshot) -> list[str]:
@@ -237,7 +302,9 @@ SMALL_SHM_BYTES = 1 << 30
 def _shm_note(snap: HealthSnapshot) -> list[str]:
     shm = next((d for d in snap.disks if d.path == "/dev/shm"), None)
     if shm and shm.size_bytes < SMALL_SHM_BYTES:
-        return [f"/dev/shm is only {shm.size_bytes / 2**20:.0f} MiB ({shm.available_bytes / 2**20:.0f} MiB free): DataLoader workers pass batches through it (docker: --shm-size)"]
+        return [
+            f"/dev/shm is only {shm.size_bytes / 2**20:.0f} MiB ({shm.available_bytes / 2**20:.0f} MiB free): DataLoader workers pass batches through it (docker: --shm-size)"
+        ]
     return []
 
 
@@ -280,7 +347,7 @@ def missing_package(line: str) -> str | None:
 
 def _is_source_line(line: str) -> bool:
     """Source quoted in a traceback (`    raise InductorError(...)`) names errors without being one."""
-    return line[:1].isspace() and not line.lstrip().startswith(("File \"", "ModuleNotFoundError", "ImportError"))
+    return line[:1].isspace() and not line.lstrip().startswith(('File "', "ModuleNotFoundError", "ImportError"))
 
 
 def _is_warning(line: str) -> bool:
@@ -319,22 +386,41 @@ def _alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics) -
         return _starting_or_stalled(snap, t, p, metrics, gpu_evidence)
     since_step = now - (p.step_changed_at if p.step_changed_at is not None else now)
     if since_step >= window and (snap.seconds_since_log_write or 0) >= min(window, since_step):
-        ev = [f"no new step line for {since_step:.0f} s (stall window {window:.0f} s)", f"last step line: {_last_step_line(snap, t)}", *gpu_evidence]
+        ev = [
+            f"no new step line for {since_step:.0f} s (stall window {window:.0f} s)",
+            f"last step line: {_last_step_line(snap, t)}",
+            *gpu_evidence,
+        ]
         return Diagnosis(verdict=Verdict.STALLED, summary=f"no new step for {since_step:.0f} s", evidence=ev, metrics=metrics)
     reading = read_log(snap.log_tail, t)
     if diverged(reading, t.diverged_steps):
         first = metrics.first_nonfinite_step
-        ev = [f"the loss of the last {t.diverged_steps} step lines is not finite; first non-finite at step {first}", f"last step line: {_last_step_line(snap, t)}"]
+        ev = [
+            f"the loss of the last {t.diverged_steps} step lines is not finite; first non-finite at step {first}",
+            f"last step line: {_last_step_line(snap, t)}",
+        ]
         return Diagnosis(verdict=Verdict.DIVERGED, summary=f"loss not finite since step {first}", evidence=ev, metrics=metrics)
     if metrics.steps_seen < t.healthy_steps:
-        return Diagnosis(verdict=Verdict.STARTING, summary=f"{metrics.steps_seen} step line(s) so far", evidence=[_last_step_line(snap, t)], metrics=metrics)
+        return Diagnosis(
+            verdict=Verdict.STARTING,
+            summary=f"{metrics.steps_seen} step line(s) so far",
+            evidence=[_last_step_line(snap, t)],
+            metrics=metrics,
+        )
     tps, base = metrics.tokens_per_second, t.baseline_tokens_per_second
     if tps is not None and base is not None and tps < t.degraded_ratio * base:
         warnings = _dedupe([line.strip() for line in [*snap.log_matches, *snap.log_tail] if SLOWDOWN_WARNINGS.search(line)])[:3]
-        ev = [f"{tps:.0f} tok/s is {tps / base:.0%} of the {base:.0f} tok/s baseline (threshold {t.degraded_ratio:.0%})", f"last step line: {_last_step_line(snap, t)}", *warnings, *gpu_evidence]
+        ev = [
+            f"{tps:.0f} tok/s is {tps / base:.0%} of the {base:.0f} tok/s baseline (threshold {t.degraded_ratio:.0%})",
+            f"last step line: {_last_step_line(snap, t)}",
+            *warnings,
+            *gpu_evidence,
+        ]
         return Diagnosis(verdict=Verdict.DEGRADED, summary=f"{tps:.0f} tok/s, {tps / base:.0%} of baseline", evidence=ev, metrics=metrics)
     ev = [f"last step line: {_last_step_line(snap, t)}", *gpu_evidence]
-    return Diagnosis(verdict=Verdict.HEALTHY, summary=f"step {metrics.last_step}" + (f", {tps:.0f} tok/s" if tps else ""), evidence=ev, metrics=metrics)
+    return Diagnosis(
+        verdict=Verdict.HEALTHY, summary=f"step {metrics.last_step}" + (f", {tps:.0f} tok/s" if tps else ""), evidence=ev, metrics=metrics
+    )
 
 
 def _starting_or_stalled(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, gpu_evidence: list[str]) -> Diagnosis:
@@ -343,8 +429,12 @@ def _starting_or_stalled(snap: HealthSnapshot, t: Thresholds, p: Progress, metri
     quiet = min(now - last_progress, snap.seconds_since_log_write if snap.seconds_since_log_write is not None else now)
     tail = _last_lines(snap, 1)
     if now < t.startup_grace_seconds or quiet < t.stall_window_floor_seconds:
-        note = [] if now < t.startup_grace_seconds else [f"start-up is past its {t.startup_grace_seconds:.0f} s grace but still progressing"]
-        return Diagnosis(verdict=Verdict.STARTING, summary=f"starting for {now:.0f} s", evidence=[*note, *tail, *gpu_evidence], metrics=metrics)
+        note = (
+            [] if now < t.startup_grace_seconds else [f"start-up is past its {t.startup_grace_seconds:.0f} s grace but still progressing"]
+        )
+        return Diagnosis(
+            verdict=Verdict.STARTING, summary=f"starting for {now:.0f} s", evidence=[*note, *tail, *gpu_evidence], metrics=metrics
+        )
     ev = [f"no step line {now:.0f} s after launch and no progress for {quiet:.0f} s", *tail, *gpu_evidence]
     return Diagnosis(verdict=Verdict.STALLED, summary="start-up made no progress", evidence=ev, metrics=metrics)
 

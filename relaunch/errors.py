@@ -34,7 +34,9 @@ class PreflightFailed(RelaunchError):
 
     def __init__(self, host: str, problems: list[str]) -> None:
         self.host, self.problems = host, problems
-        super().__init__(f"preflight on {host} found {len(problems)} problem(s), nothing was changed:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(
+            f"preflight on {host} found {len(problems)} problem(s), nothing was changed:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
 
 
 class TransportError(RelaunchError):

@@ -7,8 +7,8 @@ import re
 from relaunch.gpufaults import XID_LINE, gpu_for_pci, health_problems, parse_xids
 from relaunch.snapshot import HealthSnapshot
 
-
 LOST = re.compile(r"fallen off the bus|GPU is lost")
+NAMED = re.compile(r"NVRM: The NVIDIA GPU [0-9A-Fa-f:.]+")
 
 
 def gpu_fault_evidence(snap: HealthSnapshot, expected_gpus: int) -> list[str]:
@@ -22,7 +22,10 @@ def gpu_fault_evidence(snap: HealthSnapshot, expected_gpus: int) -> list[str]:
         lines.append(f"{who}: Xid {xid.number}: {xid.meaning}")
         lines.append(xid.line)
     # Newer drivers say "fallen off the bus" over several lines with no Xid; GPU-lost has none either.
-    lines += [f"kernel: {line.strip()}" for line in snap.kernel_lines if LOST.search(line) and not XID_LINE.search(line)]
+    lost = [line.strip() for line in snap.kernel_lines if LOST.search(line) and not XID_LINE.search(line)]
+    if lost:
+        # The line before names the GPU by its PCI address: "NVRM: The NVIDIA GPU 0000:b3:00.0".
+        lines += [f"kernel: {line.strip()}" for line in snap.kernel_lines if NAMED.search(line)] + [f"kernel: {line}" for line in lost]
     if snap.gpu_query_error:
         lines.append(snap.gpu_query_error)
     elif expected_gpus and snap.gpus and len(snap.gpus) < expected_gpus:
@@ -36,7 +39,11 @@ def disk_full_evidence(snap: HealthSnapshot, min_free_disk_gb: float) -> list[st
     if min_free_disk_gb <= 0:
         return []
     return [
-        f"only {d.available_gb:.2f} GB free of {d.size_bytes / 1e9:.1f} GB at {d.path} (minimum {min_free_disk_gb:g} GB): free space, then recover"
+        f"only {_size(d.available_bytes)} free of {_size(d.size_bytes)} at {d.path} (minimum {min_free_disk_gb:g} GB): free space, then recover"
         for d in snap.disks
         if d.path != "/dev/shm" and d.available_gb < min_free_disk_gb
     ]
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"

@@ -17,8 +17,17 @@ from relaunch.errors import ConfigError
 MAX_LINE_CHARS = 2000
 
 # Words that make a line look like a failure. The single definition: the host poll's `grep -E`
-# (relaunch/hostscripts.py SNAPSHOT) must look for exactly these, or the poll and diagnose disagree.
-FAILURE_WORD_LIST: tuple[str, ...] = ("Error", "Exception", "Traceback", "Killed", "NCCL", "out of memory", "pip install", "without torch.compile")
+# (relaunch/host/snapshot.sh) must look for exactly these, or the poll and diagnose disagree.
+FAILURE_WORD_LIST: tuple[str, ...] = (
+    "Error",
+    "Exception",
+    "Traceback",
+    "Killed",
+    "NCCL",
+    "out of memory",
+    "pip install",
+    "without torch.compile",
+)
 FAILURE_WORDS = "|".join(FAILURE_WORD_LIST)  # as grep -E reads it (its `.` matches any byte; the scan wants a `.`)
 FAILURE_RE = re.compile(FAILURE_WORDS)
 _WORDS = tuple(word.encode() for word in FAILURE_WORD_LIST)
@@ -103,7 +112,11 @@ def _cap(line: str, unread: int = 0) -> str:
 
 _NOT_A_LOG = (
     (stat.S_ISDIR, "a directory", "give the path of the log file inside it"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)", "reading one blocks until something writes to it and then sees only new output; save the trainer's output to a file (`... | tee trainer.log`) and give that file"),
+    (
+        stat.S_ISFIFO,
+        "a FIFO (named pipe)",
+        "reading one blocks until something writes to it and then sees only new output; save the trainer's output to a file (`... | tee trainer.log`) and give that file",
+    ),
     (stat.S_ISCHR, "a character device", "a device like /dev/zero never ends; give the path of the trainer's saved log file"),
     (stat.S_ISBLK, "a block device", "give the path of the trainer's saved log file"),
     (stat.S_ISSOCK, "a socket", "give the path of the trainer's saved log file"),
@@ -113,7 +126,9 @@ _NOT_A_LOG = (
 def _require_regular_file(path: str | os.PathLike[str], st: os.stat_result) -> None:
     if stat.S_ISREG(st.st_mode):
         return
-    kind, advice = next(((k, a) for test, k, a in _NOT_A_LOG if test(st.st_mode)), ("not a regular file", "give the path of the trainer's saved log file"))
+    kind, advice = next(
+        ((k, a) for test, k, a in _NOT_A_LOG if test(st.st_mode)), ("not a regular file", "give the path of the trainer's saved log file")
+    )
     raise ConfigError(f"{os.fspath(path)} is {kind}, not a log file: {advice}")
 
 
@@ -294,4 +309,3 @@ def _next_hit(buf: bytearray, i: int, hi: int, nexts: dict[bytes, int]) -> int:
         if at >= 0 and (best < 0 or at < best):
             best = at
     return best
-

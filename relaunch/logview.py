@@ -12,43 +12,37 @@ from typing import TextIO
 from relaunch.commands import script
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
+from relaunch.host import host_script
 from relaunch.transport import run, transport_for
 
-LOG_PATH = r"""
-state=$1
-run_id=$(cat "$state/current" 2>/dev/null) || { echo "no launch on record in $state"; exit 3; }
-cat "$state/runs/$run_id/log_path"
-"""
+LOG_PATH = host_script("log_path")
 
 # The log's size, then its bytes from OFFSET (at most MAX of them).
-CHUNK = r"""
-log=$1 offset=$2 max=$3
-size=$(stat -c %s -- "$log") || exit 3
-echo "$size"
-[ "$size" -gt "$offset" ] && tail -c +$((offset + 1)) -- "$log" | head -c "$max"
-exit 0
-"""
+CHUNK = host_script("log_chunk")
 
 # The log's size, then its last N lines as of that size (a growing log adds nothing to this answer).
-TAIL = r"""
-log=$1 n=$2
-size=$(stat -c %s -- "$log") || exit 3
-echo "$size"
-head -c "$size" -- "$log" | tail -n "$n"
-"""
+TAIL = host_script("log_tail")
 
 CHUNK_BYTES = 1 << 20
 FOLLOW_INTERVAL_SECONDS = 1.0
 
 
 def log_path_of(target: Target) -> str:
-    out = run(transport_for(target.host), script(LOG_PATH, target.state_path, label="find the current log"), advice="nothing was launched by relaunch for this target yet").stdout
+    out = run(
+        transport_for(target.host),
+        script(LOG_PATH, target.state_path, label="find the current log"),
+        advice="nothing was launched by relaunch for this target yet",
+    ).stdout
     return out.strip().splitlines()[-1]
 
 
 def read_from(target: Target, path: str, offset: int) -> tuple[int, str]:
     """(log size, the text from offset on, at most CHUNK_BYTES of it)."""
-    out = run(transport_for(target.host), script(CHUNK, path, str(offset), str(CHUNK_BYTES), label="read the log"), advice="the log is gone or unreadable").stdout
+    out = run(
+        transport_for(target.host),
+        script(CHUNK, path, str(offset), str(CHUNK_BYTES), label="read the log"),
+        advice="the log is gone or unreadable",
+    ).stdout
     head, _, text = out.partition("\n")
     if not head.strip().isdigit():
         raise RelaunchError(f"on {target.host.label}: unexpected answer reading {path}: {head[:200]!r}")
@@ -57,7 +51,9 @@ def read_from(target: Target, path: str, offset: int) -> tuple[int, str]:
 
 def tail_lines(target: Target, path: str, lines: int, out: TextIO) -> int:
     """Print the last `lines` lines; return the byte offset they end at, where following starts."""
-    answer = run(transport_for(target.host), script(TAIL, path, str(lines), label="read the log's tail"), advice="the log is gone or unreadable").stdout
+    answer = run(
+        transport_for(target.host), script(TAIL, path, str(lines), label="read the log's tail"), advice="the log is gone or unreadable"
+    ).stdout
     head, _, text = answer.partition("\n")
     out.write(text)
     out.flush()

@@ -58,7 +58,9 @@ def check_resume_arg(value: str) -> str:
         raise ValueError(f"{value!r}: {exc}; write literal braces as {{{{ and }}}}") from None
     for name, spec, conv in fields:
         if name != "checkpoint" or spec or conv:
-            raise ValueError(f"{value!r}: the only placeholder allowed is {{checkpoint}}, found {{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}")
+            raise ValueError(
+                f"{value!r}: the only placeholder allowed is {{checkpoint}}, found {{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}"
+            )
     return value
 
 
@@ -76,7 +78,9 @@ def check_cache_dir_is_dedicated(cache: str, protected: dict[str, str]) -> None:
     path = normalise(cache)
     for field, folder in protected.items():
         if overlaps(path, normalise(folder)):
-            raise ValueError(f"inductor_cache_dir {cache!r} overlaps {field} {folder!r}: clearing the cache would touch it; use a dedicated folder such as /tmp/torchinductor_<user>")
+            raise ValueError(
+                f"inductor_cache_dir {cache!r} overlaps {field} {folder!r}: clearing the cache would touch it; use a dedicated folder such as /tmp/torchinductor_<user>"
+            )
     _check_not_system(path, "inductor_cache_dir", cache)
 
 
@@ -85,7 +89,9 @@ def check_venv_dir_is_dedicated(venv: str, protected: dict[str, str]) -> None:
     path = normalise(venv)
     for field, folder in protected.items():
         if overlaps(path, normalise(folder)):
-            raise ValueError(f"venv_dir {venv!r} overlaps {field} {folder!r}: replacing the venv would move it; give the venv its own folder")
+            raise ValueError(
+                f"venv_dir {venv!r} overlaps {field} {folder!r}: replacing the venv would move it; give the venv its own folder"
+            )
     _check_not_system(path, "venv_dir", venv)
 
 

@@ -47,21 +47,57 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], tuple[Action, str]] = {
     (Verdict.FINISHED, None): (Action.NONE, "training ran to its end: nothing to recover"),
     (Verdict.STARTING, None): (Action.NONE, "still starting: wait"),
     (Verdict.UNKNOWN, None): (Action.FULL_RECOVERY, "no trainer on record: run the full procedure and launch"),
-    (Verdict.DEGRADED, None): (Action.REWARM_AND_RELAUNCH, "slow run: restore known-good code, clear and re-warm the compile cache, relaunch"),
-    (Verdict.STALLED, None): (Action.DUMP_AND_RELAUNCH, "hung: keep every thread's stack (py-spy), stop it, relaunch from the newest checkpoint"),
-    (Verdict.DIVERGED, None): (Action.RELAUNCH_EARLIER, "diverged: relaunch from the newest checkpoint written before the first non-finite step; escalate if it diverges again"),
-    (Verdict.CRASHED, Cause.GPU_FAULT): (Action.ESCALATE, "a GPU failed: never relaunch onto it; reset or replace the GPU the evidence names, then recover"),
-    (Verdict.CRASHED, Cause.DISK_FULL): (Action.ESCALATE, "disk full: free space where the evidence says, then recover (checkpoints written as it filled are skipped)"),
-    (Verdict.CRASHED, Cause.NATIVE_CRASH): (Action.RELAUNCH, "native crash (a signal from its own code): relaunch from the newest checkpoint once; escalate if it repeats"),
-    (Verdict.CRASHED, Cause.BROKEN_CHECKPOINT): (Action.RELAUNCH_EARLIER, "died loading its checkpoint: relaunch from the one before it; the broken one is kept, recorded as skipped"),
-    (Verdict.CRASHED, Cause.FX_TRACING_RACE): (Action.FULL_RECOVERY, "FX tracing race comes from a drifted venv: rebuild it to the exact lock, re-warm single-threaded, relaunch"),
-    (Verdict.CRASHED, Cause.MISSING_DEPENDENCY): (Action.INSTALL_AND_RELAUNCH, "install the missing package into the venv and relaunch (then add it to the lock)"),
-    (Verdict.CRASHED, Cause.COMPILE_ERROR): (Action.REWARM_AND_RELAUNCH, "kernel build failed: clear and re-warm the compile cache, relaunch"),
+    (Verdict.DEGRADED, None): (
+        Action.REWARM_AND_RELAUNCH,
+        "slow run: restore known-good code, clear and re-warm the compile cache, relaunch",
+    ),
+    (Verdict.STALLED, None): (
+        Action.DUMP_AND_RELAUNCH,
+        "hung: keep every thread's stack (py-spy), stop it, relaunch from the newest checkpoint",
+    ),
+    (Verdict.DIVERGED, None): (
+        Action.RELAUNCH_EARLIER,
+        "diverged: relaunch from the newest checkpoint written before the first non-finite step; escalate if it diverges again",
+    ),
+    (Verdict.CRASHED, Cause.GPU_FAULT): (
+        Action.ESCALATE,
+        "a GPU failed: never relaunch onto it; reset or replace the GPU the evidence names, then recover",
+    ),
+    (Verdict.CRASHED, Cause.DISK_FULL): (
+        Action.ESCALATE,
+        "disk full: free space where the evidence says, then recover (checkpoints written as it filled are skipped)",
+    ),
+    (Verdict.CRASHED, Cause.NATIVE_CRASH): (
+        Action.RELAUNCH,
+        "native crash (a signal from its own code): relaunch from the newest checkpoint once; escalate if it repeats",
+    ),
+    (Verdict.CRASHED, Cause.BROKEN_CHECKPOINT): (
+        Action.RELAUNCH_EARLIER,
+        "died loading its checkpoint: relaunch from the one before it; the broken one is kept, recorded as skipped",
+    ),
+    (Verdict.CRASHED, Cause.FX_TRACING_RACE): (
+        Action.FULL_RECOVERY,
+        "FX tracing race comes from a drifted venv: rebuild it to the exact lock, re-warm single-threaded, relaunch",
+    ),
+    (Verdict.CRASHED, Cause.MISSING_DEPENDENCY): (
+        Action.INSTALL_AND_RELAUNCH,
+        "install the missing package into the venv and relaunch (then add it to the lock)",
+    ),
+    (Verdict.CRASHED, Cause.COMPILE_ERROR): (
+        Action.REWARM_AND_RELAUNCH,
+        "kernel build failed: clear and re-warm the compile cache, relaunch",
+    ),
     (Verdict.CRASHED, Cause.SILENT_EXIT): (Action.RELAUNCH, "vanished without a trace: relaunch from the newest checkpoint"),
     (Verdict.CRASHED, Cause.KILLED): (Action.RELAUNCH, "killed from outside: relaunch from the newest checkpoint"),
     (Verdict.CRASHED, Cause.NCCL_FAILURE): (Action.RELAUNCH, "collective failed: relaunch from the newest checkpoint"),
-    (Verdict.CRASHED, Cause.CUDA_OOM): (Action.RELAUNCH, "GPU out of memory: relaunch from the newest checkpoint once; if it repeats, reduce memory (e.g. average weights on CPU)"),
-    (Verdict.CRASHED, Cause.HOST_OOM_KILLED): (Action.RELAUNCH, "host out of memory: relaunch from the newest checkpoint once; if it repeats, reduce host memory use"),
+    (Verdict.CRASHED, Cause.CUDA_OOM): (
+        Action.RELAUNCH,
+        "GPU out of memory: relaunch from the newest checkpoint once; if it repeats, reduce memory (e.g. average weights on CPU)",
+    ),
+    (Verdict.CRASHED, Cause.HOST_OOM_KILLED): (
+        Action.RELAUNCH,
+        "host out of memory: relaunch from the newest checkpoint once; if it repeats, reduce host memory use",
+    ),
     (Verdict.CRASHED, Cause.ERROR): (Action.FULL_RECOVERY, "unexplained error: run the full procedure once"),
     (Verdict.CRASHED, None): (Action.FULL_RECOVERY, "crashed: run the full procedure once"),
 }
@@ -74,7 +110,10 @@ ONCE_ONLY = frozenset({(Verdict.DIVERGED, None), (Verdict.CRASHED, Cause.NATIVE_
 def remedy(diagnosis: Diagnosis) -> tuple[Action, str]:
     if diagnosis.cause is Cause.DISK_FULL and not diagnosis.disk_still_full:
         # The log says the disk filled, but the poll finds room again (someone freed it, or a cleanup ran).
-        return Action.RELAUNCH_EARLIER, "the disk filled and has room again: relaunch from the newest checkpoint before the last step the log reached"
+        return (
+            Action.RELAUNCH_EARLIER,
+            "the disk filled and has room again: relaunch from the newest checkpoint before the last step the log reached",
+        )
     return PLAYBOOK.get((diagnosis.verdict, diagnosis.cause)) or PLAYBOOK[(diagnosis.verdict, None)]
 
 
@@ -90,7 +129,9 @@ def resume_constraints(diagnosis: Diagnosis) -> tuple[int | None, str | None]:
     return None, None
 
 
-def choose_action(diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left: int, force: bool = False, unfinished: list[str] | None = None) -> tuple[Action, str]:
+def choose_action(
+    diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left: int, force: bool = False, unfinished: list[str] | None = None
+) -> tuple[Action, str]:
     """The next action, or ESCALATE when the same failure repeats with no progress or the budget is spent."""
     action, why = remedy(diagnosis)
     if force and action is Action.NONE and diagnosis.verdict is not Verdict.STARTING:
@@ -98,7 +139,10 @@ def choose_action(diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left:
     if action is Action.NONE:
         return action, why
     if earlier and _same_failure(earlier[-1], diagnosis) and not _progressed(earlier[-1], diagnosis):
-        return Action.ESCALATE, f"{_label(diagnosis)} again with no progress after '{remedy(earlier[-1])[0].value}': stopping; a person must look"
+        return (
+            Action.ESCALATE,
+            f"{_label(diagnosis)} again with no progress after '{remedy(earlier[-1])[0].value}': stopping; a person must look",
+        )
     if earlier and _same_failure(earlier[-1], diagnosis) and (diagnosis.verdict, diagnosis.cause) in ONCE_ONLY:
         return Action.ESCALATE, f"{_label(diagnosis)} again after '{remedy(earlier[-1])[0].value}': it repeats, so a person must look"
     if attempts_left <= 0:

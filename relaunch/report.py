@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -40,19 +40,19 @@ class Report(BaseModel):
     verdict: Verdict | None = Field(None, description="Final verdict.")
     cause: Cause | None = None
     ok: bool = Field(False, description="The run ends healthy (or finished).")
-    started_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    started_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     finished_at: str | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     preflight: list[StepLine] = Field(default_factory=list)
     gpus: list[GpuSample] = Field(default_factory=list)
     message: str = Field("", description="What a person should know or do next.")
 
-    def finish(self, message: str = "") -> "Report":
+    def finish(self, message: str = "") -> Report:
         last = self.attempts[-1] if self.attempts else None
         self.verdict = last.verdict if last else None
         self.cause = last.cause if last else None
         self.ok = self.verdict in (Verdict.HEALTHY, Verdict.FINISHED)
-        self.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.message = message or self.message
         return self
 
@@ -67,18 +67,44 @@ class Report(BaseModel):
     def markdown(self) -> str:
         head = f"# {self.flow}: {self.target} on {self.host}\n\n**Verdict: {self.verdict.value if self.verdict else 'none'}**"
         head += f" ({self.cause.value})" if self.cause else ""
-        parts = [head, self.message, "## Attempts", "| # | verdict | cause | action | summary |", "| --- | --- | --- | --- | --- |"]
+        # A markdown table is one block: its lines joined by single newlines, never blank lines.
+        rows = ["| # | verdict | cause | action | summary |", "| --- | --- | --- | --- | --- |"]
         for a in self.attempts:
-            parts.append(f"| {a.number} | {a.verdict.value} | {a.cause.value if a.cause else ''}{' (' + a.package + ')' if a.package else ''} | {a.action.value} | {a.summary} |")
+            rows.append(
+                f"| {a.number} | {a.verdict.value} | {a.cause.value if a.cause else ''}{' (' + a.package + ')' if a.package else ''} | {a.action.value} | {_cell(a.summary)} |"
+            )
+        parts = [head, self.message, "## Attempts", "\n".join(rows)]
         for a in self.attempts:
-            parts.append(f"### Attempt {a.number}: {a.verdict.value}\n{a.why}\n\nEvidence:\n```\n" + "\n".join(a.evidence or ["(none)"]) + "\n```")
+            parts.append(
+                f"### Attempt {a.number}: {a.verdict.value}\n{a.why}\n\nEvidence:\n```\n" + "\n".join(a.evidence or ["(none)"]) + "\n```"
+            )
             if a.steps:
-                parts.append("| step | seconds | notes |\n| --- | --- | --- |\n" + "\n".join(f"| {s.step} | {s.seconds:.1f} | {_notes(s)} |" for s in a.steps))
+                parts.append(
+                    "| step | seconds | notes |\n| --- | --- | --- |\n"
+                    + "\n".join(f"| {s.step} | {s.seconds:.1f} | {_notes(s)} |" for s in a.steps)
+                )
         return "\n\n".join(p for p in parts if p)
 
 
 # Step details a person wants in the report: what drifted, where edits were saved, where it resumed.
-NOTABLE = ("old_venv_drift", "drift", "patch", "commit", "checkpoint", "checkpoint_why", "package", "cache_bytes", "kept_aside", "pruned", "restored_from", "gpus", "stacks_file", "top_frames", "skipped", "stopped")
+NOTABLE = (
+    "old_venv_drift",
+    "drift",
+    "patch",
+    "commit",
+    "checkpoint",
+    "checkpoint_why",
+    "package",
+    "cache_bytes",
+    "kept_aside",
+    "pruned",
+    "restored_from",
+    "gpus",
+    "stacks_file",
+    "top_frames",
+    "skipped",
+    "stopped",
+)
 
 
 def _notes(step: StepLine) -> str:
@@ -89,4 +115,8 @@ def _notes(step: StepLine) -> str:
             continue
         text = "; ".join(map(str, value)) if isinstance(value, list) else str(value)
         notes.append(f"{key}: {text}")
-    return "<br>".join(notes).replace("|", "\\|")
+    return _cell("<br>".join(notes))
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

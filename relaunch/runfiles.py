@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 import secrets
 import shlex
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
+from relaunch import runlayout
 from relaunch.config import Target
-from relaunch.logtext import clean_lines
 from relaunch.gpufaults import parse_gpu_health
+from relaunch.logtext import clean_lines
 from relaunch.snapshot import DiskFree, GpuSample, HealthSnapshot
 
 TAIL_BYTES = 256 * 1024
@@ -19,7 +20,7 @@ TAIL_LINES = 200
 
 def utc_stamp(now: datetime | None = None) -> str:
     """Sortable, and unique enough for names made in one recovery (microseconds)."""
-    return (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%S.%fZ")
+    return (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def new_run_id(attempt: int, now: datetime | None = None) -> str:
@@ -27,7 +28,7 @@ def new_run_id(attempt: int, now: datetime | None = None) -> str:
 
 
 def run_dir(target: Target, run_id: str) -> str:
-    return f"{target.state_path}/runs/{run_id}"
+    return runlayout.run_folder(target.state_path, run_id)
 
 
 def log_path(target: Target, run_id: str) -> str:
@@ -66,7 +67,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
     # Only \n separates the poll's own lines; a \r inside a log line is the log's business (clean_lines).
     for line in stdout.split("\n"):
         if line.startswith(mark):
-            key, _, value = line[len(mark):].partition(" ")
+            key, _, value = line[len(mark) :].partition(" ")
             current = sections.get(key)
             if current is None:
                 fields[key] = value.strip()

@@ -37,7 +37,10 @@ class HealthSnapshot(BaseModel):
     seconds_since_log_write: float | None = Field(None, description="Host clock now minus the log's mtime.")
     log_size_bytes: int = Field(0, description="Size of the attempt's log.")
     log_tail: list[str] = Field(default_factory=list, description="Last lines of the log.")
-    log_matches: list[str] = Field(default_factory=list, description="Earliest failure-looking lines of the log with the lines before them, in log order, none of them in log_tail.")
+    log_matches: list[str] = Field(
+        default_factory=list,
+        description="Earliest failure-looking lines of the log with the lines before them, in log order, none of them in log_tail.",
+    )
     gpus: list[GpuSample] = Field(default_factory=list, description="One sample per GPU; empty where nvidia-smi is absent.")
     kernel_lines: list[str] = Field(default_factory=list, description="Kernel log lines about OOM kills, where readable.")
     gpu_query_error: str | None = Field(None, description="nvidia-smi failed: its exit code and output.")
@@ -46,4 +49,6 @@ class HealthSnapshot(BaseModel):
     disks: list[DiskFree] = Field(default_factory=list, description="Free space where logs, checkpoints and shared memory live.")
     checkpoint: str | None = Field(None, description="The checkpoint this attempt was launched with, from its run record.")
     log_mtime_epoch: float | None = Field(None, description="When the log was last written, host clock, seconds since the epoch.")
-    unfinished_steps: list[str] = Field(default_factory=list, description="Steps a killed recovery left half done (their markers are still on the host).")
+    unfinished_steps: list[str] = Field(
+        default_factory=list, description="Steps a killed recovery left half done (their markers are still on the host)."
+    )

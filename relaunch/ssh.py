@@ -110,7 +110,9 @@ class _TrustOnFirstUse(_RefuseUnknown):
                     f.write(b"\n")
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
         client.get_host_keys().add(hostname, key.get_name(), key)
-        log.warning("trust_on_first_use: recorded new host key %s %s for %s in %s", key.get_name(), key.fingerprint, hostname, self.known_hosts)
+        log.warning(
+            "trust_on_first_use: recorded new host key %s %s for %s in %s", key.get_name(), key.fingerprint, hostname, self.known_hosts
+        )
 
 
 def _changed_advice(hostname: str, known_hosts: Path) -> str:
@@ -141,18 +143,24 @@ class SSHTransport:
         timeout = command.timeout_seconds or self.host.command_timeout_seconds
         remote = shlex.join(host_argv(command, self.host.container, timeout))
         if len(remote.encode()) > MAX_COMMAND_BYTES:
-            raise CommandTooLong(f"`{command.display}` is {len(remote.encode())} bytes quoted; the limit is {MAX_COMMAND_BYTES}: send large data as a file")
+            raise CommandTooLong(
+                f"`{command.display}` is {len(remote.encode())} bytes quoted; the limit is {MAX_COMMAND_BYTES}: send large data as a file"
+            )
         conn = self._connection(command)
         start = time.monotonic()
         try:
             # The host's `timeout` stops the command; the client's limit only catches a host that stopped answering.
-            out = conn.run(remote, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, encoding="utf-8")
+            out = conn.run(
+                remote, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, encoding="utf-8"
+            )
         except CommandTimedOut as exc:
             raise timeout_error(self.host.label, command, timeout) from exc
         except _WIRE_ERRORS as exc:
             self._discard(conn)
             raise TransportError(
-                self.host.label, command.display, f"connection lost: {_reason(exc)}",
+                self.host.label,
+                command.display,
+                f"connection lost: {_reason(exc)}",
                 "retried automatically; if it persists check that the host is up and sshd is running",
             ) from exc
         elapsed = time.monotonic() - start
@@ -161,7 +169,9 @@ class SSHTransport:
         if out.exited == -1 and _is_dead(conn):
             self._discard(conn)
             raise TransportError(
-                self.host.label, command.display, "connection dropped while the command ran; it may or may not have finished",
+                self.host.label,
+                command.display,
+                "connection dropped while the command ran; it may or may not have finished",
                 "retried automatically; check the host if it keeps happening",
             )
         result = Result(out.exited, out.stdout, out.stderr, elapsed)
@@ -241,7 +251,9 @@ class SSHTransport:
         except TimeoutError as exc:
             _close_quietly(conn)
             raise TransportError(
-                h.label, command.display, f"no answer from {h.hostname}:{h.port} within {t:g} s",
+                h.label,
+                command.display,
+                f"no answer from {h.hostname}:{h.port} within {t:g} s",
                 "check that the host is up and reachable (network, firewall) and the port is right",
             ) from exc
         except socket.gaierror as exc:
@@ -250,7 +262,9 @@ class SSHTransport:
         except _WIRE_ERRORS as exc:
             _close_quietly(conn)
             raise TransportError(
-                h.label, command.display, f"cannot connect: {_reason(exc)}",
+                h.label,
+                command.display,
+                f"cannot connect: {_reason(exc)}",
                 f"check that {h.hostname} is up and reachable, and that sshd listens on port {h.port}",
             ) from exc
         conn.transport.set_keepalive(KEEPALIVE_SECONDS)
@@ -336,14 +350,22 @@ def _reason(exc: BaseException) -> str:
 
 
 _CONTAINER_FAILURES = (
-    (re.compile(r"Configuration file 'nodes/[^/]+/lxc/(?P<id>[^.']+)\.conf' does not exist"),
-     "LXC container {id} does not exist on this node (check the container id, or `pct list`)"),
-    (re.compile(r"lxc-attach: (?P<id>\S+): .*[Ff]ailed to get (?:the )?init pid"),
-     "LXC container {id} is not running (start it with `pct start {id}`)"),
-    (re.compile(r"Error response from daemon: No such container: (?P<id>\S+)"),
-     "docker container {id} does not exist (check the name, or `docker ps -a`)"),
-    (re.compile(r"Error response from daemon: [Cc]ontainer (?P<id>\S+) is not running"),
-     "docker container {id} is not running (start it with `docker start`)"),
+    (
+        re.compile(r"Configuration file 'nodes/[^/]+/lxc/(?P<id>[^.']+)\.conf' does not exist"),
+        "LXC container {id} does not exist on this node (check the container id, or `pct list`)",
+    ),
+    (
+        re.compile(r"lxc-attach: (?P<id>\S+): .*[Ff]ailed to get (?:the )?init pid"),
+        "LXC container {id} is not running (start it with `pct start {id}`)",
+    ),
+    (
+        re.compile(r"Error response from daemon: No such container: (?P<id>\S+)"),
+        "docker container {id} does not exist (check the name, or `docker ps -a`)",
+    ),
+    (
+        re.compile(r"Error response from daemon: [Cc]ontainer (?P<id>\S+) is not running"),
+        "docker container {id} is not running (start it with `docker start`)",
+    ),
     (re.compile(r"(?P<id>pct|docker): command not found"), "{id} is not installed on the host (or not on PATH)"),
 )
 

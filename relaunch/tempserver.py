@@ -107,7 +107,10 @@ def start_for_cli(argv: Sequence[str], environ: MutableMapping[str, str] = os.en
     try:
         server = start(environ)
     except Exception as exc:  # noqa: BLE001 - any trouble here must leave the CLI working as before
-        print(f"relaunch: warning: no self-stopping temporary Prefect server ({exc}); Prefect starts its own, which outlives a killed relaunch", file=sys.stderr)
+        print(
+            f"relaunch: warning: no self-stopping temporary Prefect server ({exc}); Prefect starts its own, which outlives a killed relaunch",
+            file=sys.stderr,
+        )
         return None
     if server is None:
         return None
@@ -190,7 +193,9 @@ def _spawn(environ: MutableMapping[str, str], listener: socket.socket, lifeline_
     fds = (listener.fileno(), lifeline_r, status_w)
     args = ["--parent", str(os.getpid()), "--socket-fd", str(fds[0]), "--lifeline-fd", str(fds[1]), "--status-fd", str(fds[2]), PREFECT_APP]
     # Same process group as the CLI, as with Prefect's own server: a Ctrl-C reaches both.
-    return subprocess.Popen([sys.executable, "-m", "relaunch.tempserver", *args], env={**environ, **SERVER_ENV}, stdin=subprocess.DEVNULL, pass_fds=fds)
+    return subprocess.Popen(
+        [sys.executable, "-m", "relaunch.tempserver", *args], env={**environ, **SERVER_ENV}, stdin=subprocess.DEVNULL, pass_fds=fds
+    )
 
 
 def _await_decision(status_r: int, process: subprocess.Popen[bytes]) -> bool:
@@ -264,7 +269,9 @@ def _prefect_would_start_its_own() -> bool:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m relaunch.tempserver", description="A temporary Prefect API server that stops when its parent dies.")
+    parser = argparse.ArgumentParser(
+        prog="python -m relaunch.tempserver", description="A temporary Prefect API server that stops when its parent dies."
+    )
     parser.add_argument("--parent", type=int, required=True, help="PID that must be our parent.")
     parser.add_argument("--socket-fd", type=int, required=True, help="Listening socket to serve on.")
     parser.add_argument("--lifeline-fd", type=int, required=True, help="Read end of a pipe; EOF stops the server.")

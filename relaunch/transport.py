@@ -34,7 +34,12 @@ def run(transport: Transport, command: Command, *, check: bool = True, advice: s
 
 
 def timeout_error(host: str, command: Command, timeout: float) -> TransportError:
-    return TransportError(host, command.display, f"timed out after {timeout:g} s (stopped on the host)", "raise the step's timeout if it is just slow, or check the host's load")
+    return TransportError(
+        host,
+        command.display,
+        f"timed out after {timeout:g} s (stopped on the host)",
+        "raise the step's timeout if it is just slow, or check the host's load",
+    )
 
 
 class LocalTransport:
@@ -48,11 +53,18 @@ class LocalTransport:
         argv = host_argv(command, self.host.container, timeout)
         start = time.monotonic()
         try:
-            proc = subprocess.run(argv, capture_output=True, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, stdin=subprocess.DEVNULL, env=local_env())
+            proc = subprocess.run(
+                argv, capture_output=True, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, stdin=subprocess.DEVNULL, env=local_env()
+            )
         except subprocess.TimeoutExpired as exc:
             raise timeout_error(self.host.label, command, timeout) from exc
         except OSError as exc:
-            raise TransportError(self.host.label, command.display, f"cannot start {argv[0]}: {exc.strerror}", f"check that {argv[0]} is installed on this machine") from exc
+            raise TransportError(
+                self.host.label,
+                command.display,
+                f"cannot start {argv[0]}: {exc.strerror}",
+                f"check that {argv[0]} is installed on this machine",
+            ) from exc
         # Bytes, decoded once: text mode would turn \r\n into \n and the output would not be byte for byte.
         # A signal death reads as the shell reports it (128 + N), the same as over SSH and in exit-code files.
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode

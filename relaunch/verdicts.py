@@ -27,7 +27,9 @@ class Cause(str, Enum):
     KILLED = "killed"  # ended by a signal from outside (SIGTERM, SIGKILL) with no traceback
     GPU_FAULT = "gpu_fault"  # a GPU failed: kernel Xid, fallen off the bus, uncorrectable ECC, missing from nvidia-smi
     DISK_FULL = "disk_full"  # no space left: Errno 28, torch.save's write failure, or the poll's free space below the minimum
-    NATIVE_CRASH = "native_crash"  # died of its own SIGSEGV/SIGBUS/SIGABRT/SIGILL/SIGFPE, a fatal Python error, a DataLoader worker's signal
+    NATIVE_CRASH = (
+        "native_crash"  # died of its own SIGSEGV/SIGBUS/SIGABRT/SIGILL/SIGFPE, a fatal Python error, a DataLoader worker's signal
+    )
     BROKEN_CHECKPOINT = "broken_checkpoint"  # died loading the checkpoint it was given (truncated archive, unpickling)
     SILENT_EXIT = "silent_exit"  # gone with no exit code, no traceback, no kernel line
     ERROR = "error"  # any other exception; the exception line says which
@@ -37,18 +39,53 @@ class Cause(str, Enum):
 # knock-on failures print later than their cause.
 SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
     # Before everything else: a GPU that failed explains every CUDA error printed after it.
-    (Cause.GPU_FAULT, re.compile(r"NVRM: Xid \(PCI:[^)]*\): (?!(?:13|31|43|45),)\d+|fallen off the bus|GPU is lost|[Uu]ncorrectable ECC error|Unable to determine the device handle for GPU")),
+    (
+        Cause.GPU_FAULT,
+        re.compile(
+            r"NVRM: Xid \(PCI:[^)]*\): (?!(?:13|31|43|45),)\d+|fallen off the bus|GPU is lost|[Uu]ncorrectable ECC error|Unable to determine the device handle for GPU"
+        ),
+    ),
     # torch.save on a full disk says no "space" at all: its stream error, then the writer's position check.
-    (Cause.DISK_FULL, re.compile(r"No space left on device|\[Errno 28\]|\bENOSPC\b|PytorchStreamWriter failed writing file|basic_ios::clear: iostream error|inline_container\.cc:\d+\] \. unexpected pos")),
-    (Cause.NATIVE_CRASH, re.compile(r"^Fatal Python error: |DataLoader worker \(pid\(?s?\)? ?[\d, ]*\)? (?:is killed|exited unexpectedly)|\b(?:Segmentation fault|Bus error|Aborted|Illegal instruction|Floating point exception) \(core dumped\)")),
-    (Cause.BROKEN_CHECKPOINT, re.compile(r"PytorchStreamReader failed reading zip archive|failed finding central directory|_pickle\.UnpicklingError|SafetensorError|EOFError: Ran out of input")),
+    (
+        Cause.DISK_FULL,
+        re.compile(
+            r"No space left on device|\[Errno 28\]|\bENOSPC\b|PytorchStreamWriter failed writing file|basic_ios::clear: iostream error|inline_container\.cc:\d+\] \. unexpected pos"
+        ),
+    ),
+    (
+        Cause.NATIVE_CRASH,
+        re.compile(
+            r"^Fatal Python error: |DataLoader worker \(pid\(?s?\)? ?[\d, ]*\)? (?:is killed|exited unexpectedly)|\b(?:Segmentation fault|Bus error|Aborted|Illegal instruction|Floating point exception) \(core dumped\)"
+        ),
+    ),
+    # A checkpoint cut short fails in torch.load in several ways (a short one: `OSError: [Errno 22] Invalid
+    # argument` from the zip reader), so a failure inside torch/serialization.py counts too.
+    (
+        Cause.BROKEN_CHECKPOINT,
+        re.compile(
+            r"PytorchStreamReader failed reading zip archive|failed finding central directory|_pickle\.UnpicklingError|SafetensorError|EOFError: Ran out of input|torch/serialization\.py\", line \d+, in (?:load|_load|__init__|_open_zipfile_reader)\b"
+        ),
+    ),
     # Both faces of the race: dynamo refusing while FX traces, or FX's global Module.__call__
     # patch catching another thread's forward (seen on CPU with torch 2.13).
-    (Cause.FX_TRACING_RACE, re.compile(r"using FX to symbolically trace a dynamo-optimized function|fx/_symbolic_trace\.py\", line \d+, in (module_call_wrapper|call_module|path_of_module)")),
+    (
+        Cause.FX_TRACING_RACE,
+        re.compile(
+            r"using FX to symbolically trace a dynamo-optimized function|fx/_symbolic_trace\.py\", line \d+, in (module_call_wrapper|call_module|path_of_module)"
+        ),
+    ),
     (Cause.MISSING_DEPENDENCY, re.compile(r"\b(ModuleNotFoundError|ImportError)\b.*|.*\bpip install\b")),
     (Cause.CUDA_OOM, re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|CUDA error: out of memory")),
-    (Cause.NCCL_FAILURE, re.compile(r"\bNCCL (error|WARN|INFO.*failed)|ProcessGroupNCCL|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|ncclInvalidUsage|Watchdog caught collective operation timeout|DistBackendError")),
-    (Cause.COMPILE_ERROR, re.compile(r"BackendCompilerFailed|InductorError|CppCompileError|torch\._inductor\.exc|torch\._dynamo\.exc\.(?!Unsupported)")),
+    (
+        Cause.NCCL_FAILURE,
+        re.compile(
+            r"\bNCCL (error|WARN|INFO.*failed)|ProcessGroupNCCL|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|ncclInvalidUsage|Watchdog caught collective operation timeout|DistBackendError"
+        ),
+    ),
+    (
+        Cause.COMPILE_ERROR,
+        re.compile(r"BackendCompilerFailed|InductorError|CppCompileError|torch\._inductor\.exc|torch\._dynamo\.exc\.(?!Unsupported)"),
+    ),
 ]
 
 # A traceback's closing line: `module.Error: message` at column 0.
@@ -58,10 +95,14 @@ EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Excepti
 WRAPPER_EXCEPTIONS = re.compile(r"ProcessRaisedException|ProcessExitedException|ChildFailedError|Caught \w+ in DataLoader worker process")
 
 # Warnings that explain a slow run.
-SLOWDOWN_WARNINGS = re.compile(r"called without torch\.compile|falling back to .*(eager|uncompiled|slow)|Graph break|recompil", re.IGNORECASE)
+SLOWDOWN_WARNINGS = re.compile(
+    r"called without torch\.compile|falling back to .*(eager|uncompiled|slow)|Graph break|recompil", re.IGNORECASE
+)
 
 # Kernel log lines of the OOM killer.
-KERNEL_OOM = re.compile(r"Out of memory: Killed process (?P<pid>\d+)|oom-kill:.*task_memcg|oom_reaper: reaped process (?P<pid2>\d+)|Memory cgroup out of memory: Killed process (?P<pid3>\d+)")
+KERNEL_OOM = re.compile(
+    r"Out of memory: Killed process (?P<pid>\d+)|oom-kill:.*task_memcg|oom_reaper: reaped process (?P<pid2>\d+)|Memory cgroup out of memory: Killed process (?P<pid3>\d+)"
+)
 
 # Import names whose distribution is called something else.
 MODULE_TO_PACKAGE: dict[str, str] = {
@@ -84,4 +125,7 @@ SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS"
 NATIVE_SIGNALS = frozenset({4, 6, 7, 8, 11})
 
 # A loss value as trainers print it: `loss=nan`, `loss nan`, `loss: inf`, `'loss': -inf`, `loss=3.64`.
-DEFAULT_LOSS = re.compile(r"""(?<![A-Za-z0-9])(?:train_)?loss['"]?\s*[=:]?\s*(?P<value>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+))""", re.IGNORECASE)
+DEFAULT_LOSS = re.compile(
+    r"""(?<![A-Za-z0-9])(?:train_)?loss['"]?\s*[=:]?\s*(?P<value>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+))""",
+    re.IGNORECASE,
+)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a local relaunch control plane (`make serve`):
 #   Prefect server (SQLite under PREFECT_HOME) -> process work pool `relaunch` -> one global concurrency
-#   limit per host named in prefect.yaml -> the demo target prepared -> `prefect deploy --all` -> a worker.
+#   limit per host named in prefect.yaml -> the demo target prepared -> `prefect deploy --all` -> the automations of
+#   automations.yaml (scripts/automations.py) -> a worker.
 # Ctrl-C or SIGTERM stops the worker, the demo trainer (if one was launched) and the server, in that order.
 #
 # Settings (environment):
@@ -13,6 +14,8 @@
 #   RELAUNCH_SERVE_KEEP_TRAINER  default 0: 1 leaves a demo trainer the deployments launched running at exit
 #   RELAUNCH_WHEELHOUSE     default .cache/wheelhouse (filled by `make setup`)
 #   PREFECT_SERVER_UI_ENABLED=false  runs without the UI
+#   RELAUNCH_NOTIFY_URL     unset: automations.yaml's automations notify nobody; set: a webhook block
+#                           `relaunch-notify` POSTs their messages there as JSON (docs/operations.md, Notifications)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -98,7 +101,10 @@ fi
 
 # Own sessions: a Ctrl-C in the terminal reaches only this script, which stops the rest in order.
 say "starting the Prefect server on $HOST:$PORT (PREFECT_HOME=$PREFECT_HOME, log: $SERVER_LOG)"
-setsid prefect server start --host "$HOST" --port "$PORT" >"$SERVER_LOG" 2>&1 &
+# Concurrency leases (the per-host slots, the nightly deployment's slot) on disk under PREFECT_HOME, not in
+# the server's memory: a server restart then neither strands a held slot nor fails its holder's renewal.
+PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=${PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE:-prefect.server.concurrency.lease_storage.filesystem} \
+  setsid prefect server start --host "$HOST" --port "$PORT" >"$SERVER_LOG" 2>&1 &
 server_pid=$!
 say "server pid $server_pid"
 for ((i = 0; i < 900; i++)); do
@@ -163,8 +169,12 @@ asyncio.run(setup())
 EOF
 
 say "deploying prefect.yaml"
+# `prefect deploy` resumes a deployment paused as a whole: note what is paused now, pause it again after.
+python scripts/automations.py save-paused | sed 's/^/[serve] /'
 prefect deploy --all >"$PREFECT_HOME/logs/serve-deploy.log" 2>&1 || { tail -n 30 "$PREFECT_HOME/logs/serve-deploy.log"; exit 1; }
 grep -o "Deployment '[^']*' successfully created" "$PREFECT_HOME/logs/serve-deploy.log" | sed 's/^/[serve] /'
+# Re-pause, then the notification block (RELAUNCH_NOTIFY_URL) and the automations of automations.yaml.
+python scripts/automations.py sync | sed 's/^/[serve] /'
 
 say "starting a worker on pool 'relaunch' (log: $WORKER_LOG)"
 setsid prefect worker start --pool relaunch --type process >"$WORKER_LOG" 2>&1 &

@@ -12,7 +12,7 @@ import re
 
 from relaunch.commands import script
 from relaunch.config import Target
-from relaunch.hostscripts import PROC_HELPERS
+from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
 from relaunch.snapshot import HealthSnapshot
 from tasks.common import StepRecord, execute, log, step_task, timed
@@ -21,31 +21,10 @@ from tasks.rebuild_venv import installer_flags
 TOP_FRAMES = 3
 
 # Print the path of a usable py-spy, installing it into STATE/tools once; exit 3 with the reason if none.
-ENSURE_PYSPY = r"""
-tools=$1 python=$2; shift 2
-[ -x "$tools/bin/py-spy" ] && { echo "$tools/bin/py-spy"; exit 0; }
-command -v py-spy >/dev/null 2>&1 && { command -v py-spy; exit 0; }
-command -v uv >/dev/null 2>&1 || { echo "py-spy is not installed and uv is missing to install it"; exit 3; }
-out=$(uv venv -q --python "$python" "$tools" 2>&1 && uv pip install -q --python "$tools/bin/python" "$@" py-spy 2>&1) \
-  || { echo "cannot install py-spy: $(printf '%s' "$out" | tail -n 3 | tr '\n' ' ')"; exit 3; }
-echo "$tools/bin/py-spy"
-"""
+ENSURE_PYSPY = host_script("ensure_pyspy")
 
 # Dump each live process of the recorded trainer's group (the supervisor leads it); save and print.
-DUMP = PROC_HELPERS + r"""
-pyspy=$1 state=$2 out=$3
-run_id=$(cat "$state/current" 2>/dev/null)
-read_pid "$state/runs/$run_id/supervisor_pid" spid sstart || { echo "no trainer on record"; exit 3; }
-alive "$spid" "$sstart" || { echo "the recorded trainer is gone"; exit 3; }
-mkdir -p -- "$(dirname -- "$out")" || exit 3
-for p in $(ps -e -o pid=,pgid= | awk -v g="$spid" '$2 == g && $1 != g {print $1}'); do
-  [ "$(readlink "/proc/$p/exe" 2>/dev/null)" ] || continue
-  case $(cat "/proc/$p/comm" 2>/dev/null) in python*|pt_*|torchrun) ;; *) continue ;; esac
-  echo "=== py-spy dump --pid $p ($(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-200))"
-  timeout 60 "$pyspy" dump --pid "$p" 2>&1
-done > "$out"
-cat -- "$out"
-"""
+DUMP = host_script("dump_stacks")
 
 THREAD = re.compile(r'^Thread (?P<tid>\S+) \((?P<state>[^)]*)\): "(?P<name>[^"]*)"')
 
@@ -58,7 +37,7 @@ def top_frames(dump: str, frames: int = TOP_FRAMES) -> list[str]:
         m = THREAD.match(raw)
         if m:
             current = []
-            lines.append(f'{m["name"]} ({m["state"]}): ')
+            lines.append(f"{m['name']} ({m['state']}): ")
         elif current is not None and raw.startswith("    ") and len(current) < frames:
             current.append(raw.strip())
             lines[-1] = lines[-1].split(": ", 1)[0] + ": " + " <- ".join(current)
@@ -79,13 +58,28 @@ def gpu_side(snap: HealthSnapshot) -> str:
 def capture_stacks(target: Target, snapshot: HealthSnapshot) -> StepRecord:
     with timed("capture_stacks") as detail:
         detail["gpus"] = gpu_side(snapshot)
-        found = execute(target, script(ENSURE_PYSPY, f"{target.state_path}/tools", target.python, *installer_flags(target), label="bring py-spy", timeout_seconds=600), check=False)
+        found = execute(
+            target,
+            script(
+                ENSURE_PYSPY,
+                f"{target.state_path}/tools",
+                target.python,
+                *installer_flags(target),
+                label="bring py-spy",
+                timeout_seconds=600,
+            ),
+            check=False,
+        )
         if found.exit_code != 0:
             detail["skipped"] = (found.stdout.strip() or found.stderr.strip())[-300:]
             log().warning("no stacks for the hung run of %s: %s; stopping it anyway", target.name, detail["skipped"])
         else:
             path = f"{target.state_path}/stacks/{utc_stamp()}.txt"
-            dump = execute(target, script(DUMP, found.stdout.strip().splitlines()[-1], target.state_path, path, label="py-spy dump", timeout_seconds=300), check=False)
+            dump = execute(
+                target,
+                script(DUMP, found.stdout.strip().splitlines()[-1], target.state_path, path, label="py-spy dump", timeout_seconds=300),
+                check=False,
+            )
             detail["stacks_file"] = path if dump.exit_code == 0 else None
             detail["top_frames"] = top_frames(dump.stdout)
             if dump.exit_code != 0 or not detail["top_frames"]:

@@ -9,14 +9,13 @@ from pydantic import BaseModel, Field
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
-from relaunch.hostscripts import SNAPSHOT
+from relaunch.host import host_script
 from relaunch.logtext import FAILURE_WORDS
 from relaunch.runfiles import TAIL_BYTES, TAIL_LINES, new_nonce, parse_snapshot
 from relaunch.snapshot import HealthSnapshot
 from relaunch.verdicts import Verdict
 from tasks.common import Progress as ProgressArtifact
 from tasks.common import artifact_key, execute, log, step_task
-
 
 
 class HealthResult(BaseModel):
@@ -30,7 +29,7 @@ def plan_snapshot(target: Target, wait_seconds: float, nonce: str, tail_lines: i
     """One poll; the wait is sent in milliseconds so a fractional poll interval is honoured."""
     args = (target.state_path, target.tmux_session, str(int(wait_seconds * 1000)), str(tail_lines), "1", nonce)
     args += (target.venv_dir, target.inductor_cache_dir, str(TAIL_BYTES), FAILURE_WORDS, target.log_dir, target.checkpoint_dir or "")
-    return script(SNAPSHOT, *args, label="health poll", timeout_seconds=wait_seconds + 60)
+    return script(host_script("snapshot"), *args, label="health poll", timeout_seconds=wait_seconds + 60)
 
 
 def collect_snapshot(target: Target, wait_seconds: float = 0) -> HealthSnapshot:

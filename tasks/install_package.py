@@ -4,20 +4,31 @@ from __future__ import annotations
 
 from relaunch.commands import Command
 from relaunch.config import Target
-from tasks.leftovers import tracked
 from tasks.common import StepRecord, execute, log, step_task, timed
+from tasks.leftovers import tracked
 from tasks.rebuild_venv import installer_flags
 
 
 def plan_install(target: Target, package: str) -> Command:
     py = f"{target.venv_dir}/bin/python"
-    return tracked(target, Command(("uv", "pip", "install", "--python", py, "--compile-bytecode", *installer_flags(target), package), label=f"uv pip install {package}", timeout_seconds=1800))
+    return tracked(
+        target,
+        Command(
+            ("uv", "pip", "install", "--python", py, "--compile-bytecode", *installer_flags(target), package),
+            label=f"uv pip install {package}",
+            timeout_seconds=1800,
+        ),
+    )
 
 
 @step_task("install_package")
 def install_package(target: Target, package: str) -> StepRecord:
     with timed("install_package") as detail:
-        out = execute(target, plan_install(target, package), advice=f"{package} is not installable from the configured indexes; add an index or find-links, or fix the name").stderr
+        out = execute(
+            target,
+            plan_install(target, package),
+            advice=f"{package} is not installable from the configured indexes; add an index or find-links, or fix the name",
+        ).stderr
         detail.update(package=package, output=out.strip().splitlines()[-3:])
         log().warning("installed %s into %s; add it to %s so the next rebuild keeps it", package, target.venv_dir, target.lock_file)
     return StepRecord(step="install_package", seconds=detail.pop("seconds"), detail=detail)

@@ -7,26 +7,17 @@ from pydantic import BaseModel, Field
 from relaunch.checkpoints import Choice, choose, parse_listing
 from relaunch.commands import Command, script
 from relaunch.config import Target
-from relaunch.hostscripts import LAUNCH, LAUNCHER, SUPERVISOR
+from relaunch.host import host_script
 from relaunch.runfiles import log_path, new_run_id, trainer_command, trainer_spec
 from tasks.common import StepRecord, execute, log, step_task, timed
 
+LAUNCH, LAUNCHER, SUPERVISOR = host_script("launch"), host_script("launcher"), host_script("supervisor")
 PID_WAIT_SECONDS = 30
 
 # List checkpoint_dir NUL-separated (a name may hold a newline); the choice is made in Python. Checkpoints
 # that failed to load are recorded (mtime and name) in the state folder (appended first when one is refused now)
 # and listed as `S NAME` records: they are skipped, never renamed or deleted.
-LIST_CHECKPOINTS = r"""
-dir=$1 skipfile=$2 refuse=$3
-# Recorded with its mtime: a trainer that later saves a good checkpoint under the same name is not skipped.
-if [ -n "$refuse" ] && [ -e "$dir/$refuse" ]; then
-  mkdir -p -- "$(dirname -- "$skipfile")" && printf '%s %s\0' "$(stat -c %Y -- "$dir/$refuse")" "$refuse" >> "$skipfile" || exit 3
-fi
-[ -d "$dir" ] || { echo "missing"; exit 0; }
-echo "present"
-find "$dir" -mindepth 1 -maxdepth 1 \( -empty -printf '%y %T@ E %f\0' -o -printf '%y %T@ N %f\0' \)
-if [ -f "$skipfile" ]; then while IFS= read -r -d '' name; do printf 'S %s\0' "$name"; done < "$skipfile"; fi
-"""
+LIST_CHECKPOINTS = host_script("list_checkpoints")
 
 
 class RunRecord(BaseModel):
@@ -45,7 +36,9 @@ def skipped_path(target: Target) -> str:
 def plan_list_checkpoints(target: Target, refuse: str | None = None) -> Command | None:
     if not target.checkpoint_dir:
         return None
-    return script(LIST_CHECKPOINTS, target.checkpoint_dir, skipped_path(target), refuse or "", label="list checkpoints", timeout_seconds=120)
+    return script(
+        LIST_CHECKPOINTS, target.checkpoint_dir, skipped_path(target), refuse or "", label="list checkpoints", timeout_seconds=120
+    )
 
 
 def plan_launch(target: Target, run_id: str, checkpoint: str | None) -> tuple[Command, str]:
@@ -82,8 +75,12 @@ def launch(target: Target, attempt: int, before_step: int | None = None, refuse:
         checkpoint = f"{target.checkpoint_dir}/{choice.name}" if choice.name else None
         run_id = new_run_id(attempt)
         command, text = plan_launch(target, run_id, checkpoint)
-        out = execute(target, command, advice="another trainer may be running, a venv or cache is half-built, or tmux failed: see the output").stdout.split()
+        out = execute(
+            target, command, advice="another trainer may be running, a venv or cache is half-built, or tmux failed: see the output"
+        ).stdout.split()
         pid = int(out[0]) if out and out[0].isdigit() else None
-        record = RunRecord(run_id=run_id, log_path=log_path(target, run_id), pid=pid, checkpoint=checkpoint, checkpoint_why=describe(choice), command=text)
+        record = RunRecord(
+            run_id=run_id, log_path=log_path(target, run_id), pid=pid, checkpoint=checkpoint, checkpoint_why=describe(choice), command=text
+        )
         detail.update(record.model_dump())
     return record, StepRecord(step="launch", seconds=detail.pop("seconds"), detail=detail)

@@ -13,29 +13,10 @@ from dataclasses import replace
 
 from relaunch.commands import Command, script
 from relaunch.config import Target
-from relaunch.hostscripts import PROC_HELPERS
+from relaunch.host import host_script
 from tasks.common import StepRecord, execute, log, step_task, timed
 
-REAP = PROC_HELPERS + r"""
-dir=$1 timeout_s=$2
-[ -d "$dir" ] || exit 0
-for rec in "$dir"/*; do
-  [ -f "$rec" ] || continue
-  read -r pid start pgid ppid < "$rec" || { rm -f -- "$rec"; continue; }
-  # Only a group our own `timeout` leads (the recorded shell's parent) is ours to signal as a group.
-  [ "$pgid" = "$ppid" ] || pgid=$pid
-  if ! alive "$pid" "$start"; then rm -f -- "$rec"; continue; fi
-  echo "stopping ${rec##*/} (PID $pid, process group $pgid), left running by a killed recovery"
-  kill -TERM -- "-$pgid" 2>/dev/null; kill -TERM "$pid" 2>/dev/null
-  end=$(( $(date +%s) + timeout_s ))
-  while alive "$pid" "$start" && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
-  if alive "$pid" "$start"; then kill -KILL -- "-$pgid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; sleep 0.2; fi
-  alive "$pid" "$start" && { echo "could not stop PID $pid"; exit 3; }
-  # The group may hold children that outlived the recorded shell.
-  kill -KILL -- "-$pgid" 2>/dev/null
-  rm -f -- "$rec"
-done
-"""
+REAP = host_script("reap_leftovers")
 
 
 def inflight_dir(target: Target) -> str:
@@ -48,7 +29,13 @@ def tracked(target: Target, command: Command) -> Command:
 
 
 def plan_reap(target: Target, timeout_seconds: int = 20) -> Command:
-    return script(REAP, inflight_dir(target), str(timeout_seconds), label="stop leftovers of a killed recovery", timeout_seconds=timeout_seconds * 4 + 30)
+    return script(
+        REAP,
+        inflight_dir(target),
+        str(timeout_seconds),
+        label="stop leftovers of a killed recovery",
+        timeout_seconds=timeout_seconds * 4 + 30,
+    )
 
 
 @step_task("stop_leftovers")

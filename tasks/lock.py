@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import HostBusy
+from relaunch.host import host_script
 from tasks.common import execute, log
 
 STALE_SECONDS = 600
@@ -24,31 +25,9 @@ HEARTBEAT_SECONDS = 60
 # Prints "acquired", or "held: OWNER LINE" and the heartbeat age with exit 9. Taking over is decided
 # under flock, so racing recoveries cannot both win: a stale heartbeat, or exactly the owner line the
 # orchestrator found dead (only it can check its own machine's PIDs).
-ACQUIRE = r"""
-lock=$1 owner=$2 stale=$3 dead_owner=$4
-mkdir -p "$(dirname "$lock")" || exit 12
-exec 9>>"$lock.guard"
-flock -w 30 9 || { echo "held: (another recovery is taking this lock)"; exit 9; }
-if ! mkdir "$lock" 2>/dev/null; then
-  current=$(cat "$lock/owner" 2>/dev/null)
-  age=$(( $(date +%s) - $(stat -c %Y "$lock/owner" 2>/dev/null || echo 0) ))
-  if [ -n "$dead_owner" ] && [ "$current" = "$dead_owner" ]; then
-    echo "taking over the lock of a dead orchestrator ($current)"
-  elif [ "$age" -gt "$stale" ]; then
-    echo "taking over a lock whose heartbeat is ${age}s old ($current)"
-  else
-    echo "held: $current"; echo "heartbeat ${age}s ago"; exit 9
-  fi
-fi
-printf '%s\n' "$owner" > "$lock/owner"
-echo acquired
-"""
+ACQUIRE = host_script("lock_acquire")
 
-RELEASE = r"""
-lock=$1 owner=$2
-[ "$(cat "$lock/owner" 2>/dev/null)" = "$owner" ] && rm -rf -- "$lock"
-true
-"""
+RELEASE = host_script("lock_release")
 
 
 def lock_path(target: Target) -> str:
@@ -85,7 +64,9 @@ def target_lock(target: Target, flow_run: str = "") -> Iterator[None]:
     if result.exit_code == 9 and (dead := dead_local_owner(result.stdout)):
         result = execute(target, plan_acquire(target, owner, dead), check=False)
     if result.exit_code != 0:
-        raise HostBusy(f"on {target.host.label}: another recovery of {target.name} is running ({' '.join(result.stdout.split())}); wait for it, or remove {lock_path(target)} if you are sure it is dead")
+        raise HostBusy(
+            f"on {target.host.label}: another recovery of {target.name} is running ({' '.join(result.stdout.split())}); wait for it, or remove {lock_path(target)} if you are sure it is dead"
+        )
     stop = threading.Event()
 
     def beat() -> None:

@@ -7,39 +7,24 @@ from pathlib import PurePosixPath
 
 from relaunch.commands import Command, script
 from relaunch.config import Target
+from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
-from tasks.leftovers import tracked
 from tasks.common import Progress, StepRecord, artifact_key, execute, log, step_task, timed
+from tasks.leftovers import tracked
 
 BUILDING_MARKER = ".relaunch-building"
 
 # Move the current venv aside; one relaunch left half-built (marker still there) is named so.
-MOVE_ASIDE = r"""
-venv=$1 stamp=$2 marker=$3
-[ -e "$venv" ] || { echo "none"; exit 0; }
-kind=old; [ -e "$venv/$marker" ] && kind=incomplete
-mv -T -- "$venv" "$venv.$kind-$stamp" && echo "$venv.$kind-$stamp"
-"""
+MOVE_ASIDE = host_script("venv_move_aside")
 
 # Put the previous venv back after a failed build; the failed one is kept for inspection.
-PUT_BACK = r"""
-venv=$1 aside=$2 stamp=$3
-[ -e "$venv" ] && mv -- "$venv" "$venv.failed-$stamp"
-[ "$aside" = none ] || mv -- "$aside" "$venv"
-"""
+PUT_BACK = host_script("venv_put_back")
 
 # The siblings of the venv, NUL-separated: the prune decides in Python, so no name is ever split.
-LIST_SIBLINGS = r"""find "$(dirname -- "$1")" -mindepth 1 -maxdepth 1 -printf '%f\0'"""
+LIST_SIBLINGS = host_script("list_siblings")
 
 # Remove the named old venvs; each must still be a `VENV.old-*` sibling, whatever the caller sent.
-REMOVE_OLD = r"""
-venv=$1; shift
-parent=$(dirname -- "$venv") base=$(basename -- "$venv")
-for name in "$@"; do
-  case $name in */* | "") echo "refusing $name"; continue ;; "$base".old-*) ;; *) echo "refusing $name"; continue ;; esac
-  rm -rf -- "${parent:?}/$name" && printf 'removed %s\0' "$parent/$name"
-done
-"""
+REMOVE_OLD = host_script("remove_old_venvs")
 
 IMPORT_CHECK = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n    print('imported', m)"
 
@@ -57,10 +42,23 @@ def plan_rebuild(target: Target, stamp: str) -> dict[str, Command]:
     py = f"{target.venv_dir}/bin/python"
     plan = {
         "move_aside": script(MOVE_ASIDE, target.venv_dir, stamp, BUILDING_MARKER, label="move old venv aside", timeout_seconds=300),
-        "create": script('uv venv --python "$1" "$2" && touch "$2/$3"', target.python, target.venv_dir, BUILDING_MARKER, label="uv venv", timeout_seconds=300),
-        "install": Command(("uv", "pip", "sync", "--python", py, "--compile-bytecode", *installer_flags(target), target.lock_path), label="uv pip sync", timeout_seconds=3600),
+        "create": script(
+            'uv venv --python "$1" "$2" && touch "$2/$3"',
+            target.python,
+            target.venv_dir,
+            BUILDING_MARKER,
+            label="uv venv",
+            timeout_seconds=300,
+        ),
+        "install": Command(
+            ("uv", "pip", "sync", "--python", py, "--compile-bytecode", *installer_flags(target), target.lock_path),
+            label="uv pip sync",
+            timeout_seconds=3600,
+        ),
         "freeze": Command(("uv", "pip", "freeze", "--python", py), label="uv pip freeze", timeout_seconds=120),
-        "import_check": Command((py, "-c", IMPORT_CHECK, *target.import_check), cwd=target.repo_dir, label="import check", timeout_seconds=600),
+        "import_check": Command(
+            (py, "-c", IMPORT_CHECK, *target.import_check), cwd=target.repo_dir, label="import check", timeout_seconds=600
+        ),
         "mark": Command(("rm", "-f", "--", f"{target.venv_dir}/{BUILDING_MARKER}"), label="mark venv complete"),
         "siblings": script(LIST_SIBLINGS, target.venv_dir, label="list old venvs"),
     }

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-
 from relaunch.commands import Command, script
 from relaunch.config import Target
+from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
 from tasks.common import StepRecord, execute, step_task, timed
 
-RESTORE = r"""
-repo=$1 ref=$2 patch=$3; shift 3
-set -e
-cd -- "$repo"
-# Everything that differs from the ref, committed later or not: exactly what the restore drops.
-if ! git diff --quiet "$ref" -- "$@"; then
-  mkdir -p "$(dirname "$patch")"
-  git diff --binary "$ref" -- "$@" > "$patch.tmp" && mv -f "$patch.tmp" "$patch"
-  echo "saved $patch"
-fi
-git checkout "$ref" -- "$@"
-echo "ref $(git rev-parse "$ref^{commit}")"
-echo "head $(git rev-parse HEAD)"
-"""
+RESTORE = host_script("restore")
 
 
 def plan_restore(target: Target, stamp: str | None = None) -> Command:

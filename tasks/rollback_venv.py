@@ -8,30 +8,13 @@ from __future__ import annotations
 
 from relaunch.commands import Command, script
 from relaunch.config import Target
-from relaunch.hostscripts import PROC_HELPERS
+from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
 from tasks.common import StepRecord, execute, log, step_task, timed
 from tasks.lock import target_lock
 
 # Refuse under a live trainer (it has the venv's files open); otherwise swap, putting the current one back on failure.
-ROLLBACK = PROC_HELPERS + r"""
-venv=$1 stamp=$2 state=$3
-cur=$(cat "$state/current" 2>/dev/null)
-if [ -n "$cur" ] && read_pid "$state/runs/$cur/pid" pid pstart && alive "$pid" "$pstart"; then
-  echo "trainer of run $cur is alive (PID $pid) and uses $venv: stop it before rolling the venv back"; exit 20
-fi
-old=$(ls -1d -- "$venv".old-* 2>/dev/null | sort | tail -n 1)
-[ -n "$old" ] && [ -d "$old" ] || { echo "no previous venv kept aside ($venv.old-*): nothing to roll back to"; exit 21; }
-if [ -e "$venv" ] || [ -L "$venv" ]; then
-  mv -T -- "$venv" "$venv.rolled-back-$stamp" || { echo "cannot move $venv aside"; exit 22; }
-  echo "kept $venv.rolled-back-$stamp"
-fi
-if ! mv -T -- "$old" "$venv"; then
-  [ -e "$venv.rolled-back-$stamp" ] && mv -T -- "$venv.rolled-back-$stamp" "$venv"
-  echo "cannot move $old into place; $venv is as it was"; exit 23
-fi
-echo "restored $old"
-"""
+ROLLBACK = host_script("rollback_venv")
 
 
 def plan_rollback(target: Target, stamp: str) -> Command:
@@ -48,7 +31,13 @@ def parse_rollback(stdout: str) -> dict[str, str | None]:
 def rollback_venv(target: Target) -> StepRecord:
     """Put the previous venv back (under the target lock, so never during a recovery); keep the current one aside."""
     with timed("rollback_venv") as detail, target_lock(target, "rollback-venv"):
-        out = execute(target, plan_rollback(target, utc_stamp()), advice="see the output: stop the trainer first, or there is no previous venv kept aside").stdout
+        out = execute(
+            target,
+            plan_rollback(target, utc_stamp()),
+            advice="see the output: stop the trainer first, or there is no previous venv kept aside",
+        ).stdout
         detail.update(parse_rollback(out))
-        log().warning("venv %s rolled back to %s; the replaced one is kept as %s", target.venv_dir, detail["restored_from"], detail["rolled_back_to"])
+        log().warning(
+            "venv %s rolled back to %s; the replaced one is kept as %s", target.venv_dir, detail["restored_from"], detail["rolled_back_to"]
+        )
     return StepRecord(step="rollback_venv", seconds=detail.pop("seconds"), detail=detail)

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from relaunch.commands import Command, script
 from relaunch.config import Target
-from relaunch.hostscripts import STOP
+from relaunch.host import host_script
 from tasks.common import StepRecord, execute, step_task, timed
 
 STOP_TIMEOUT_SECONDS = 60
 
 
 def plan_stop(target: Target, timeout_seconds: int = STOP_TIMEOUT_SECONDS) -> Command:
-    return script(STOP, target.state_path, target.tmux_session, str(timeout_seconds), label="stop trainer", timeout_seconds=timeout_seconds + 90)
+    return script(
+        host_script("stop"),
+        target.state_path,
+        target.tmux_session,
+        str(timeout_seconds),
+        label="stop trainer",
+        timeout_seconds=timeout_seconds + 90,
+    )
 
 
 @step_task("stop")

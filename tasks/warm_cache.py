@@ -12,9 +12,10 @@ import re
 
 from relaunch.commands import Command, script
 from relaunch.config import Target
+from relaunch.host import host_script
 from relaunch.runfiles import trainer_env, utc_stamp
-from tasks.leftovers import tracked
 from tasks.common import Progress, StepRecord, artifact_key, execute, log, step_task, timed
+from tasks.leftovers import tracked
 
 WARMUP_TIMEOUT_SECONDS = 3 * 3600
 WARMING_MARKER = ".relaunch-warming"
@@ -22,33 +23,18 @@ CACHE_MARKER = ".relaunch-inductor-cache"
 
 # What torch's inductor writes at the top of its cache dir: code in two-character hash folders, the
 # FX-graph, AOT-autograd and triton caches, locks. Anything else is not ours to delete.
-CACHE_ENTRY = re.compile(r"^([a-z0-9]{2}|fxgraph|aotautograd|triton|locks|cache|kernel|autotune|aot_inductor|precompile|[a-z0-9_]*cache|\.relaunch-[a-z-]+)$")
+CACHE_ENTRY = re.compile(
+    r"^([a-z0-9]{2}|fxgraph|aotautograd|triton|locks|cache|kernel|autotune|aot_inductor|precompile|[a-z0-9_]*cache|\.relaunch-[a-z-]+)$"
+)
 
 # Move the cache aside and put a fresh, marked folder in its place. Prints the aside path, its kind
 # (`d` folder, `l` link: a link is never followed) and its top-level names, NUL-separated.
-MOVE_ASIDE = r"""
-cache=$1 stamp=$2 warming=$3 mine=$4
-aside=
-if [ -e "$cache" ] || [ -L "$cache" ]; then
-  aside="$cache.relaunch-cleared-$stamp"
-  bytes=$(du -sb -- "$cache" 2>/dev/null | cut -f1)
-  mv -T -- "$cache" "$aside" || { echo "cannot move $cache aside"; exit 3; }
-fi
-mkdir -p -- "$cache" && touch -- "$cache/$warming" "$cache/$mine" || exit 4
-[ -n "$aside" ] || exit 0
-printf 'aside %s\0bytes %s\0kind %s\0' "$aside" "${bytes:-0}" "$(find "$aside" -maxdepth 0 -printf '%y')"
-[ -L "$aside" ] || find "$aside" -mindepth 1 -maxdepth 1 -printf 'entry %f\0'
-"""
+MOVE_ASIDE = host_script("cache_move_aside")
 
 # Remove an aside copy the caller judged to be only cache; it must still be the sibling we made.
-REMOVE_ASIDE = r"""
-cache=$1 aside=$2
-case $aside in "$cache".relaunch-cleared-*) ;; *) echo "refusing to remove $aside"; exit 3 ;; esac
-[ -L "$aside" ] && { echo "refusing to remove a link"; exit 3; }
-rm -rf -- "$aside"
-"""
+REMOVE_ASIDE = host_script("cache_remove_aside")
 
-SIZE = r"""du -sb -- "$1" 2>/dev/null | cut -f1"""
+SIZE = host_script("size")
 
 
 def plan_warm(target: Target, stamp: str) -> dict[str, Command]:
@@ -62,7 +48,10 @@ def plan_warm(target: Target, stamp: str) -> dict[str, Command]:
     cache = target.inductor_cache_dir
     return {
         "clear": script(MOVE_ASIDE, cache, stamp, WARMING_MARKER, CACHE_MARKER, label="move the inductor cache aside", timeout_seconds=600),
-        "warm": tracked(target, script(target.warmup_command or "true", label="warm-up", env=env, cwd=target.repo_dir, timeout_seconds=WARMUP_TIMEOUT_SECONDS)),
+        "warm": tracked(
+            target,
+            script(target.warmup_command or "true", label="warm-up", env=env, cwd=target.repo_dir, timeout_seconds=WARMUP_TIMEOUT_SECONDS),
+        ),
         "done": Command(("rm", "-f", "--", f"{cache}/{WARMING_MARKER}"), label="mark the cache warm"),
         "size": script(SIZE, cache, label="cache size"),
     }
@@ -103,7 +92,13 @@ def clear_cache(target: Target, plan: dict[str, Command], detail: dict) -> None:
     foreign = foreign_entries(kind, entries)
     if foreign:
         detail["kept_aside"] = aside
-        log().warning("the old cache %s held %d entries that are not compile cache (%s): kept as %s, remove it yourself when sure", target.inductor_cache_dir, len(foreign), ", ".join(foreign[:5]), aside)
+        log().warning(
+            "the old cache %s held %d entries that are not compile cache (%s): kept as %s, remove it yourself when sure",
+            target.inductor_cache_dir,
+            len(foreign),
+            ", ".join(foreign[:5]),
+            aside,
+        )
         return
     execute(target, plan_remove_aside(target, aside))
 

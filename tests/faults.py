@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from demo.wheels import write_wheel
+from relaunch import runlayout
 from relaunch.config import Target
 from tests.sshd import cannot_run_here
 
@@ -191,7 +192,7 @@ def group_members(pgid: int) -> list[int]:
 
 
 def _records(target: Target, name: str) -> list[tuple[str, int, str]]:
-    runs = Path(target.state_path) / "runs"
+    runs = Path(runlayout.runs_folder(target.state_path))
     found = []
     for run in sorted(runs.iterdir()) if runs.is_dir() else []:
         try:
@@ -268,7 +269,9 @@ def cli_env(home: Path, api_url: str | None = None, **extra: str) -> dict[str, s
 def start_cli(args: list[str], env: dict[str, str], output: Path) -> subprocess.Popen:
     """Start the CLI in its own session (its own process group), output to a file."""
     with open(output, "wb") as out:
-        return subprocess.Popen([RELAUNCH, *args], env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
+        return subprocess.Popen(
+            [RELAUNCH, *args], env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT
+        )
 
 
 def bin_without(folder: Path, *missing: str) -> Path:
@@ -297,7 +300,9 @@ def tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
     mount_point.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True, text=True)
     if result.returncode != 0:
-        cannot_run_here(f"cannot mount a tmpfs here ({result.stderr.strip() or 'mount exited ' + str(result.returncode)}): the disk-full case needs mount permission")
+        cannot_run_here(
+            f"cannot mount a tmpfs here ({result.stderr.strip() or 'mount exited ' + str(result.returncode)}): the disk-full case needs mount permission"
+        )
     try:
         yield mount_point
     finally:

@@ -81,7 +81,6 @@ class NetnsHost:
         return f"{PREFIX}.{self.subnet}.1"
 
 
-
 @dataclass
 class NetnsHosts:
     hosts: list[NetnsHost] = field(default_factory=list)
@@ -105,7 +104,10 @@ class NetnsHosts:
         self.gone.discard(i)
         # The address comes back with the link; wait until this side has its route and carrier again.
         deadline = time.monotonic() + 10
-        while "linkdown" in ip("-4", "route", "show", "dev", h.root_veth).stdout or "NO-CARRIER" in ip("-o", "link", "show", "dev", h.root_veth).stdout:
+        while (
+            "linkdown" in ip("-4", "route", "show", "dev", h.root_veth).stdout
+            or "NO-CARRIER" in ip("-o", "link", "show", "dev", h.root_veth).stdout
+        ):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{h.root_veth} has no carrier 10 s after {h.host_veth} came up")
             time.sleep(0.02)

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import getpass
 import os
-import sys
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -151,8 +151,14 @@ SetEnv "PATH={path}" "RELAUNCH_FAKE_CONTAINERS_FILE={self.containers_file}" SHLV
 
     def ssh_host(self, **overrides: object) -> Host:
         values: dict[str, object] = dict(
-            kind="ssh", hostname=self.hostname, port=self.port, user=self.user, key_path=str(self.key_path),
-            known_hosts_path=str(self.known_hosts_path), connect_timeout_seconds=5.0, command_timeout_seconds=30.0,
+            kind="ssh",
+            hostname=self.hostname,
+            port=self.port,
+            user=self.user,
+            key_path=str(self.key_path),
+            known_hosts_path=str(self.known_hosts_path),
+            connect_timeout_seconds=5.0,
+            command_timeout_seconds=30.0,
         )
         values.update(overrides)
         return Host.model_validate(values)

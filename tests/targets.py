@@ -9,6 +9,7 @@ from pathlib import Path
 
 from demo.target import git
 from demo.wheels import build_all
+from relaunch import runlayout
 from relaunch.config import Target, Thresholds
 
 # A trainer in bash: step lines in the incident's format, fast, no torch.
@@ -52,7 +53,9 @@ def shell_target(tmp_path: Path, name: str = "t", **overrides) -> Target:
         tmux_session=f"relaunch-test-{name}-{uuid.uuid4().hex[:8]}",
         log_dir=str(tmp_path / "logs"),
         min_free_disk_gb=0.1,
-        thresholds=Thresholds(startup_grace_seconds=30, poll_interval_seconds=0.5, settle_timeout_seconds=30, healthy_steps=3, stall_window_floor_seconds=3),
+        thresholds=Thresholds(
+            startup_grace_seconds=30, poll_interval_seconds=0.5, settle_timeout_seconds=30, healthy_steps=3, stall_window_floor_seconds=3
+        ),
     )
     fields.update(overrides)
     return Target(**fields)
@@ -94,3 +97,17 @@ def finished(flow, **parameters):
     from flows.outcome import report_of
 
     return report_of(flow(**parameters, return_state=True))
+
+
+def runs(target: Target) -> list[str]:
+    """Run ids relaunch recorded for the target, oldest first (relaunch.runlayout names the folders)."""
+    folder = Path(runlayout.runs_folder(target.state_path))
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def current(target: Target) -> str:
+    return Path(runlayout.current_file(target.state_path)).read_text().strip()
+
+
+def current_log(target: Target) -> Path:
+    return Path(Path(runlayout.record(target.state_path, current(target), runlayout.LOG_PATH)).read_text().strip())

@@ -94,7 +94,14 @@ def test_logs_follow_prints_new_lines_and_ends_quietly_when_the_reader_leaves(ho
     target = write_target(t, home / "target.yaml")
     try:
         launch.fn(t, 1)
-        proc = subprocess.Popen(f"{RELAUNCH} logs -f -n 1 {target} | head -n 5", shell=True, env=plain_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            f"{RELAUNCH} logs -f -n 1 {target} | head -n 5",
+            shell=True,
+            env=plain_env(home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         out, err = proc.communicate(timeout=60)
         steps = [int(line.split()[0].split("=")[1]) for line in out.splitlines()]
         assert len(steps) == 5 and steps == sorted(steps) and steps[-1] > steps[0], out

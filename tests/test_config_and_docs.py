@@ -12,7 +12,14 @@ from relaunch.errors import ConfigError
 from relaunch.playbook import playbook_table
 
 ROOT = Path(__file__).parent.parent
-GOOD = {"name": "dflash", "repo_dir": "/root/dflash", "venv_dir": "/root/venv", "lock_file": "requirements.lock", "launch_command": "bash start.sh", "log_dir": "/workspace/logs"}
+GOOD = {
+    "name": "dflash",
+    "repo_dir": "/root/dflash",
+    "venv_dir": "/root/venv",
+    "lock_file": "requirements.lock",
+    "launch_command": "bash start.sh",
+    "log_dir": "/workspace/logs",
+}
 
 
 def write(tmp_path, data) -> Path:

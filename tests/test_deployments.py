@@ -27,7 +27,7 @@ from relaunch.config import Host, Target
 from relaunch.playbook import Action
 from tasks.launch import launch
 from tests.faults import wait_for
-from tests.targets import shell_target, stop_all, wait_for_exit, tmux_alive
+from tests.targets import shell_target, stop_all, tmux_alive, wait_for_exit
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -111,7 +111,15 @@ def plane(tmp_path_factory):
         "PREFECT_WORKER_QUERY_SECONDS": "1",
     }
     env.pop("PREFECT_API_URL", None)
-    process = subprocess.Popen([str(ROOT / "scripts" / "serve.sh")], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [str(ROOT / "scripts" / "serve.sh")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     cp = ControlPlane(process=process, api_url=f"http://127.0.0.1:{port}/api", home=base / "home", demo_dir=base / "demo")
     ready = threading.Event()
 
@@ -145,7 +153,10 @@ def demo_target_as_built(demo_dir: Path) -> Target:
 def test_deploy_puts_both_demo_deployments_on_the_relaunch_process_pool(plane):
     pool = plane.api(lambda c: c.read_work_pool("relaunch"))
     assert pool.type == "process"
-    for name, entrypoint in [("recover-training/demo", "flows/recover.py:recover_training"), ("check-training/nightly-demo", "flows/check.py:check_training")]:
+    for name, entrypoint in [
+        ("recover-training/demo", "flows/recover.py:recover_training"),
+        ("check-training/nightly-demo", "flows/check.py:check_training"),
+    ]:
         d = read_deployment(plane, name)
         assert (d.work_pool_name, d.entrypoint, d.enforce_parameter_schema) == ("relaunch", entrypoint, True)
         assert d.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
@@ -198,15 +209,33 @@ def test_a_recovery_run_through_the_deployment_ends_healthy_and_its_report_is_re
 
     target = shell_target(tmp_path, name="deployed")
     try:
-        out = plane.prefect("deployment", "run", "recover-training/demo", "--params", json.dumps({"target": target.model_dump(mode="json")}), "--watch", "--watch-timeout", "150", timeout=180)
-        assert out.returncode == 0 and "Flow run finished successfully in 'Completed'" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
+        out = plane.prefect(
+            "deployment",
+            "run",
+            "recover-training/demo",
+            "--params",
+            json.dumps({"target": target.model_dump(mode="json")}),
+            "--watch",
+            "--watch-timeout",
+            "150",
+            timeout=180,
+        )
+        assert out.returncode == 0 and "Flow run finished successfully in 'Completed'" in out.stdout, (
+            out.stdout[-3000:] + out.stderr[-3000:]
+        )
         assert tmux_alive(target.tmux_session), "the worker's run left the trainer running in tmux"
     finally:
         stop_all(target)
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)[1]
     flow_run = plane.api(lambda c: c.read_flow_run(flow_run_id))
     assert flow_run.state.is_completed() and flow_run.name == "recover-deployed"
-    (artifact,) = plane.api(lambda c: c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["recover-training-deployed"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id]))))
+    (artifact,) = plane.api(
+        lambda c: c.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["recover-training-deployed"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])
+            )
+        )
+    )
     assert artifact.type == "markdown" and "**Verdict: healthy**" in artifact.data and "full_recovery" in artifact.data
 
 
@@ -217,22 +246,39 @@ def test_the_nightly_check_hands_a_crashed_run_to_recover_training_as_a_subflow(
     try:
         launch.fn(target.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}}), 1)  # crashes for real at step 2
         wait_for_exit(target)
-        out = plane.prefect("deployment", "run", "check-training/nightly-demo", "--params", json.dumps({"target": target.model_dump(mode="json")}), "--watch", "--watch-timeout", "150", timeout=180)
+        out = plane.prefect(
+            "deployment",
+            "run",
+            "check-training/nightly-demo",
+            "--params",
+            json.dumps({"target": target.model_dump(mode="json")}),
+            "--watch",
+            "--watch-timeout",
+            "150",
+            timeout=180,
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert tmux_alive(target.tmux_session)
     finally:
         stop_all(target)
     assert len(list((Path(target.state_path) / "runs").iterdir())) == 2, "relaunched once"
     check_run = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)[1]
-    (subflow,) = plane.api(lambda c: c.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[check_run]))))
+    (subflow,) = plane.api(
+        lambda c: c.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[check_run])))
+    )
     assert subflow.name == "recover-nightly" and subflow.state.is_completed()
-    (artifact,) = plane.api(lambda c: c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["check-training-nightly"]))))
+    (artifact,) = plane.api(
+        lambda c: c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["check-training-nightly"])))
+    )
     assert "**Verdict: healthy**" in artifact.data and "check found crashed" in artifact.data, artifact.data
 
 
 @pytest.mark.parametrize(
     "hostname, second",
-    [("localhost", "waits for the host's concurrency limit, then changes nothing"), ("127.0.0.1", "finds no limit for its host and is refused by the host-side lock")],
+    [
+        ("localhost", "waits for the host's concurrency limit, then changes nothing"),
+        ("127.0.0.1", "finds no limit for its host and is refused by the host-side lock"),
+    ],
     ids=["server-limit", "host-lock"],
 )
 def test_two_recoveries_of_one_target_started_together_leave_exactly_one_trainer(plane, tmp_path, hostname, second):
@@ -250,7 +296,16 @@ def test_two_recoveries_of_one_target_started_together_leave_exactly_one_trainer
 
     def start(i: int, **env: str) -> subprocess.Popen:
         with errs[i].open("w") as err:
-            procs.append(subprocess.Popen([str(BIN / "relaunch"), "recover", str(spec), "--json"], cwd=ROOT, env=plane.env(**env), stdout=subprocess.PIPE, stderr=err, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [str(BIN / "relaunch"), "recover", str(spec), "--json"],
+                    cwd=ROOT,
+                    env=plane.env(**env),
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
+                )
+            )
         return procs[-1]
 
     try:
@@ -279,7 +334,9 @@ def test_two_recoveries_of_one_target_started_together_leave_exactly_one_trainer
     launched, other = [], []
     for code, stdout, stderr in results:
         report = json.loads(stdout) if code == 0 else None
-        (launched if report and any(s["step"] == "launch" for a in report["attempts"] for s in a["steps"]) else other).append((code, report, stderr))
+        (launched if report and any(s["step"] == "launch" for a in report["attempts"] for s in a["steps"]) else other).append(
+            (code, report, stderr)
+        )
     assert len(launched) == 1 and len(other) == 1, results
     code, report, stderr = other[0]
     if hostname == "localhost":

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import tests.test_fleet_failures  # noqa: E402,F401 - its rows belong to the matrix too
+import tests.test_never_lose_work  # noqa: E402,F401 - its rows belong to the matrix too
 from demo.target import git
 from demo.wheels import write_wheel
 from flows.recover import recover_training
@@ -33,8 +35,8 @@ from tests.faults import (
     LOST,
     MID_STEP,
     ONE,
-    RELAUNCH,
     REGISTRY,
+    RELAUNCH,
     RESUMABLE,
     ROOT,
     big_wheel,
@@ -49,18 +51,15 @@ from tests.faults import (
     reap,
     reference,
     render_matrix,
-    start_time,
     start_cli,
+    start_time,
     tmpfs,
     tmux_session_alive,
     tree,
     wait_for,
     write_target,
 )
-from tests.targets import finished, shell_target
-
-import tests.test_never_lose_work  # noqa: E402,F401 - its rows belong to the matrix too
-import tests.test_fleet_failures  # noqa: E402,F401 - its rows belong to the matrix too
+from tests.targets import current_log, finished, runs, shell_target
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -135,16 +134,6 @@ def host_tree(target: Target, *, state: bool = True, live: tuple[Path, ...] = ()
     t = tree(root, skip=skip + (() if state else (Path(target.state_path),)), live=live)
     lock = Path(lock_path(target)).relative_to(root).as_posix()
     return {path: kind for path, kind in t.items() if not path.startswith(lock)}
-
-
-def runs(target: Target) -> list[str]:
-    folder = Path(target.state_path) / "runs"
-    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-
-
-def current_log(target: Target) -> Path:
-    run = (Path(target.state_path) / "current").read_text().strip()
-    return Path((Path(target.state_path) / "runs" / run / "log_path").read_text().strip())
 
 
 def launch_detail(report: Report, attempt: int = 0) -> dict:
@@ -235,7 +224,11 @@ def kill_orchestrator_when(target: Target, work: Path, api_url: str, ready, what
     gate = work / "gate"
     gate.mkdir(parents=True)
     output = work / "orchestrator.out"
-    proc = start_cli(["recover", *flags, str(write_target(target, work / "target.yaml"))], cli_env(work / "prefect-home", api_url, FAULT_GATE=str(gate)), output)
+    proc = start_cli(
+        ["recover", *flags, str(write_target(target, work / "target.yaml"))],
+        cli_env(work / "prefect-home", api_url, FAULT_GATE=str(gate)),
+        output,
+    )
     GATES.append(gate)
     try:
         wait_for(lambda: ready(gate) or proc.poll() is not None, CLI_TIMEOUT, what)
@@ -277,7 +270,11 @@ def stopped_leftovers(report: Report) -> list[str]:
 # 1. Nothing is lost
 
 
-@case(LOST, "a rebuilt venv turns out bad after the recovery: the lock moved to a bad release (tinyjunk 0.2.0 imports fine, so the rebuild's import check passes, and raises when used)", "`relaunch rollback-venv TARGET.yaml` (one command, exit 0) puts the newest `VENV.old-*` back with its files intact (the good release works again) and keeps the bad one as `VENV.rolled-back-STAMP`")
+@case(
+    LOST,
+    "a rebuilt venv turns out bad after the recovery: the lock moved to a bad release (tinyjunk 0.2.0 imports fine, so the rebuild's import check passes, and raises when used)",
+    "`relaunch rollback-venv TARGET.yaml` (one command, exit 0) puts the newest `VENV.old-*` back with its files intact (the good release works again) and keeps the bad one as `VENV.rolled-back-STAMP`",
+)
 def test_a_rebuilt_venv_is_rolled_back_with_one_command_and_the_previous_venv_is_intact(made, tmp_path, api_url, monkeypatch):
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))  # the bad release stays out of the shared cache
     t = made()
@@ -295,7 +292,13 @@ def test_a_rebuilt_venv_is_rolled_back_with_one_command_and_the_previous_venv_is
     bad = subprocess.run(use, capture_output=True, text=True)
     assert bad.returncode != 0 and "tinyjunk 0.2.0 regression" in bad.stderr, "the rebuilt venv is bad"
     file = write_target(t, tmp_path / "target.yaml")
-    proc = subprocess.run([RELAUNCH, "rollback-venv", str(file)], env=cli_env(tmp_path / "prefect-home", api_url), capture_output=True, text=True, timeout=CLI_TIMEOUT)
+    proc = subprocess.run(
+        [RELAUNCH, "rollback-venv", str(file)],
+        env=cli_env(tmp_path / "prefect-home", api_url),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert tree(venv) == before, "the previous venv came back exactly as it was"
     rolled = venvs_beside(t, "rolled-back")
@@ -307,7 +310,11 @@ def test_a_rebuilt_venv_is_rolled_back_with_one_command_and_the_previous_venv_is
     assert plan_rollback(t, "S").argv[-3:] == (t.venv_dir, "S", t.state_path), "values reach the script as arguments"
 
 
-@case(LOST, "a rollback asked for while the trainer runs on the venv, or with no previous venv kept aside", "refused with CommandFailed saying why; the venv is untouched")
+@case(
+    LOST,
+    "a rollback asked for while the trainer runs on the venv, or with no previous venv kept aside",
+    "refused with CommandFailed saying why; the venv is untouched",
+)
 def test_a_rollback_that_is_not_safe_is_refused_and_changes_nothing(made):
     t = made()
     rebuild_venv.fn(t)  # there was no venv before: nothing kept aside
@@ -323,7 +330,11 @@ def test_a_rollback_that_is_not_safe_is_refused_and_changes_nothing(made):
     assert venv_family(t) == before and live_trainers(t) == [(record.run_id, record.pid)]
 
 
-@case(LOST, "uncommitted edits to the restored model code", "saved as `STATE/patches/STAMP-restore.patch` before the restore; it re-applies cleanly with `git apply`")
+@case(
+    LOST,
+    "uncommitted edits to the restored model code",
+    "saved as `STATE/patches/STAMP-restore.patch` before the restore; it re-applies cleanly with `git apply`",
+)
 def test_a_recovery_saves_uncommitted_edits_as_a_patch_that_reapplies_cleanly(recovered, tmp_path):
     t, report = recovered.target, recovered.report
     assert report.verdict is Verdict.HEALTHY, report.timeline()
@@ -336,7 +347,11 @@ def test_a_recovery_saves_uncommitted_edits_as_a_patch_that_reapplies_cleanly(re
     assert (clone / "model.py").read_text() == "VALUE = 2  # uncommitted experiment\n"
 
 
-@case(LOST, "a full recovery replaces the user's venv; then two more full recoveries (three rebuilds)", "the old venv is moved aside as `VENV.old-STAMP`, byte for byte; the last two are kept, byte for byte, and only the oldest is pruned")
+@case(
+    LOST,
+    "a full recovery replaces the user's venv; then two more full recoveries (three rebuilds)",
+    "the old venv is moved aside as `VENV.old-STAMP`, byte for byte; the last two are kept, byte for byte, and only the oldest is pruned",
+)
 def test_a_recovery_keeps_the_users_previous_venv_aside_byte_for_byte(recovered, made):
     t = recovered.target
     old = venvs_beside(t, "old")
@@ -360,7 +375,11 @@ def test_a_recovery_keeps_the_users_previous_venv_aside_byte_for_byte(recovered,
     assert "mine" in generations[0] and len({str(g) for g in generations}) == 4
 
 
-@case(LOST, "a recovery that relaunches from a checkpoint, then a stop", "sha256 of every file in `checkpoint_dir` is the same before, after the recovery (resumed from the newest) and after the stop")
+@case(
+    LOST,
+    "a recovery that relaunches from a checkpoint, then a stop",
+    "sha256 of every file in `checkpoint_dir` is the same before, after the recovery (resumed from the newest) and after the stop",
+)
 def test_checkpoints_are_never_modified_or_deleted_by_a_recovery_that_resumes_from_one_nor_by_stop(recovered):
     t, report = recovered.target, recovered.report
     assert report.verdict is Verdict.HEALTHY, report.timeline()
@@ -373,7 +392,11 @@ def test_checkpoints_are_never_modified_or_deleted_by_a_recovery_that_resumes_fr
     assert tree(Path(t.checkpoint_dir)) == recovered.checkpoints_before
 
 
-@case(LOST, "a run of several attempts (the trainer crashes after each launch)", "every attempt's log exists, is non-empty and holds that attempt's own output")
+@case(
+    LOST,
+    "a run of several attempts (the trainer crashes after each launch)",
+    "every attempt's log exists, is non-empty and holds that attempt's own output",
+)
 def test_every_attempts_log_is_kept(crash_loop):
     t, report = crash_loop
     launched = [a.run_id for a in report.attempts if a.run_id]
@@ -388,7 +411,11 @@ def test_every_attempts_log_is_kept(crash_loop):
 # 2. Never two trainers
 
 
-@case(ONE, "two recoveries of the same target started at the same instant (two threads, one barrier)", "one recovers, the other is refused (HostBusy) or finds it healthy; exactly one trainer PID and one supervisor group alive")
+@case(
+    ONE,
+    "two recoveries of the same target started at the same instant (two threads, one barrier)",
+    "one recovers, the other is refused (HostBusy) or finds it healthy; exactly one trainer PID and one supervisor group alive",
+)
 def test_two_recoveries_started_at_once_leave_exactly_one_trainer(made):
     t = made()
     barrier, outcomes = threading.Barrier(2), [None, None]
@@ -412,7 +439,11 @@ def test_two_recoveries_started_at_once_leave_exactly_one_trainer(made):
     assert len(runs(t)) == 1, "only one launch happened"
 
 
-@case(ONE, "six recoveries (`recover_training --force`, six threads, one barrier) race to take over the same stale lock (dead owner), three rounds", "each round exactly one takes the lock and recovers (healthy); every other one gets HostBusy, no other error; one trainer at the end, one launch per round")
+@case(
+    ONE,
+    "six recoveries (`recover_training --force`, six threads, one barrier) race to take over the same stale lock (dead owner), three rounds",
+    "each round exactly one takes the lock and recovers (healthy); every other one gets HostBusy, no other error; one trainer at the end, one launch per round",
+)
 def test_several_recoveries_racing_for_a_stale_lock_let_exactly_one_in(made, tmp_path, monkeypatch):
     # The winner holds the lock at its warm-up's gate until the five others have ended, so none can come late
     # to a free lock; --force makes every round a full recovery (with the warm-up) though the trainer is healthy.
@@ -441,7 +472,9 @@ def test_several_recoveries_racing_for_a_stale_lock_let_exactly_one_in(made, tmp
         try:
             wait_for(lambda: len(outcomes) >= 5, CLI_TIMEOUT, "five of the six recoveries to end")
             inside = [i for i in range(6) if i not in outcomes]
-            assert len(inside) == 1 and (gate / "warmup-entered").exists(), f"round {r}: one recovery holds the lock at its warm-up while the others end: {outcomes}"
+            assert len(inside) == 1 and (gate / "warmup-entered").exists(), (
+                f"round {r}: one recovery holds the lock at its warm-up while the others end: {outcomes}"
+            )
         finally:
             (gate / "open").touch()
             for th in threads:
@@ -450,14 +483,20 @@ def test_several_recoveries_racing_for_a_stale_lock_let_exactly_one_in(made, tmp
         reports = [o for o in outcomes.values() if isinstance(o, Report)]
         refused = [o for o in outcomes.values() if not isinstance(o, Report)]
         assert len(reports) == 1 and reports[0].verdict is Verdict.HEALTHY, f"round {r}: {outcomes}"
-        assert len(refused) == 5 and all(type(o) is HostBusy for o in refused), f"round {r}: every loser gets HostBusy, nothing else: {refused}"
+        assert len(refused) == 5 and all(type(o) is HostBusy for o in refused), (
+            f"round {r}: every loser gets HostBusy, nothing else: {refused}"
+        )
         assert outcomes[inside[0]] is reports[0], "the one that held the lock is the one that recovered"
         assert not lock.exists(), f"round {r}: the winner released the lock"
     assert len(runs(t)) == rounds, "one launch per round"
     assert len(live_trainers(t)) == 1 and len(live_supervisor_groups(t)) == 1
 
 
-@case(ONE, "a recovery started while a healthy run goes on", "action `none`; the same trainer PID runs on; no new run, nothing on the host changed")
+@case(
+    ONE,
+    "a recovery started while a healthy run goes on",
+    "action `none`; the same trainer PID runs on; no new run, nothing on the host changed",
+)
 def test_a_recovery_started_while_a_healthy_run_goes_on_leaves_it_alone(made):
     t = made()
     record, _ = launch.fn(t, 1)
@@ -468,7 +507,11 @@ def test_a_recovery_started_while_a_healthy_run_goes_on_leaves_it_alone(made):
     assert diff(before, host_tree(t, live=(Path(record.log_path),))) == []
 
 
-@case(ONE, "a stale lock left by a killed orchestrator (`STATE/lock.d/owner`: this host, a dead PID)", "taken over; the recovery ends healthy with one trainer and releases the lock")
+@case(
+    ONE,
+    "a stale lock left by a killed orchestrator (`STATE/lock.d/owner`: this host, a dead PID)",
+    "taken over; the recovery ends healthy with one trainer and releases the lock",
+)
 def test_a_stale_lock_of_a_killed_orchestrator_is_taken_over_and_the_recovery_ends_healthy(made):
     t = made()
     lock = Path(lock_path(t))
@@ -479,7 +522,11 @@ def test_a_stale_lock_of_a_killed_orchestrator_is_taken_over_and_the_recovery_en
     assert len(live_trainers(t)) == 1 and not lock.exists()
 
 
-@case(ONE, "a live lock (owner: this host, a live PID)", "HostBusy naming the holder (host, PID, flow run); the lock and everything else unchanged")
+@case(
+    ONE,
+    "a live lock (owner: this host, a live PID)",
+    "HostBusy naming the holder (host, PID, flow run); the lock and everything else unchanged",
+)
 def test_a_live_lock_is_refused_with_host_busy_naming_the_holder_and_nothing_changes(made):
     t = made()
     lived_in(t)
@@ -517,13 +564,23 @@ def test_recovering_twice_in_a_row_changes_nothing_the_second_time(made):
     assert diff(before, host_tree(t, live=(log,))) == []
 
 
-@case(RESUMABLE, "orchestrator (`relaunch recover`) SIGKILLed inside rebuild_venv, as a killed worker is: its process group dies, the import check it started runs on under `timeout` (venv marked `.relaunch-building`)", "recover again: first stops the leftover by its recorded PID and group, then healthy, one trainer; the half-built venv is moved aside as `VENV.incomplete-*`, never used; the user's venv still kept")
+@case(
+    RESUMABLE,
+    "orchestrator (`relaunch recover`) SIGKILLed inside rebuild_venv, as a killed worker is: its process group dies, the import check it started runs on under `timeout` (venv marked `.relaunch-building`)",
+    "recover again: first stops the leftover by its recorded PID and group, then healthy, one trainer; the half-built venv is moved aside as `VENV.incomplete-*`, never used; the user's venv still kept",
+)
 def test_an_orchestrator_killed_while_rebuilding_the_venv_is_resumed_and_the_half_built_venv_is_never_used(made, tmp_path, api_url):
     t = made(import_check=["tinyjunk", "gate"])
     commit(t, {"gate.py": GATE_PY})
     lived_in(t)
     venv = Path(t.venv_dir)
-    kill_orchestrator_when(t, tmp_path / "kill", api_url, lambda g: (g / "import-entered").exists() and (venv / BUILDING_MARKER).exists(), "the import check inside rebuild_venv")
+    kill_orchestrator_when(
+        t,
+        tmp_path / "kill",
+        api_url,
+        lambda g: (g / "import-entered").exists() and (venv / BUILDING_MARKER).exists(),
+        "the import check inside rebuild_venv",
+    )
     assert (venv / BUILDING_MARKER).exists() and Path(lock_path(t)).exists(), "killed mid-build, lock left behind"
     orphans = leftovers(t)
     assert orphans, "the import check outlived the orchestrator, as it does when a worker is SIGKILLed"
@@ -538,7 +595,11 @@ def test_an_orchestrator_killed_while_rebuilding_the_venv_is_resumed_and_the_hal
     assert not Path(lock_path(t)).exists()
 
 
-@case(RESUMABLE, "orchestrator SIGKILLed during the warm-up, as a killed worker is: the warm-up runs on under `timeout` (cache half written)", "recover again: first stops the leftover warm-up by its recorded PID and group, then healthy, one trainer; the cache is the fresh warm-up's alone")
+@case(
+    RESUMABLE,
+    "orchestrator SIGKILLed during the warm-up, as a killed worker is: the warm-up runs on under `timeout` (cache half written)",
+    "recover again: first stops the leftover warm-up by its recorded PID and group, then healthy, one trainer; the cache is the fresh warm-up's alone",
+)
 def test_an_orchestrator_killed_during_warm_up_is_resumed_with_a_fresh_cache(made, tmp_path, api_url):
     t = made(warmup_command=GATED_WARMUP)
     lived_in(t)
@@ -556,14 +617,25 @@ def test_an_orchestrator_killed_during_warm_up_is_resumed_with_a_fresh_cache(mad
     assert len(live_trainers(t)) == 1 and len(live_supervisor_groups(t)) == 1
 
 
-@case(RESUMABLE, "a healthy run; `relaunch recover --force` SIGKILLed inside rebuild_venv (the trainer already stopped, the venv marked `.relaunch-building`)", "the next `recover` sees the marker and rebuilds the venv before relaunching (not a plain relaunch onto the half-built venv): healthy, one trainer, the venv complete")
+@case(
+    RESUMABLE,
+    "a healthy run; `relaunch recover --force` SIGKILLed inside rebuild_venv (the trainer already stopped, the venv marked `.relaunch-building`)",
+    "the next `recover` sees the marker and rebuilds the venv before relaunching (not a plain relaunch onto the half-built venv): healthy, one trainer, the venv complete",
+)
 def test_a_recovery_killed_mid_rebuild_from_a_healthy_run_is_finished_by_the_next_one(made, tmp_path, api_url):
     t = made(import_check=["tinyjunk", "gate"])
     commit(t, {"gate.py": GATE_PY})
     lived_in(t)
     assert recover_training(t).verdict is Verdict.HEALTHY
     venv = Path(t.venv_dir)
-    kill_orchestrator_when(t, tmp_path / "kill", api_url, lambda g: (g / "import-entered").exists() and (venv / BUILDING_MARKER).exists(), "the import check inside rebuild_venv", "--force")
+    kill_orchestrator_when(
+        t,
+        tmp_path / "kill",
+        api_url,
+        lambda g: (g / "import-entered").exists() and (venv / BUILDING_MARKER).exists(),
+        "the import check inside rebuild_venv",
+        "--force",
+    )
     assert not live_trainers(t), "the forced recovery had stopped the trainer"
     report = recover_training(t)
     first = report.attempts[0]
@@ -572,7 +644,11 @@ def test_a_recovery_killed_mid_rebuild_from_a_healthy_run_is_finished_by_the_nex
     assert len(live_trainers(t)) == 1 and len(live_supervisor_groups(t)) == 1
 
 
-@case(RESUMABLE, "a healthy run; `relaunch recover --force` SIGKILLed during the warm-up (cache a third written, marked `.relaunch-warming`)", "the next `recover` sees the marker and re-warms before relaunching (not a plain relaunch onto the partial cache): healthy, one trainer, a complete cache")
+@case(
+    RESUMABLE,
+    "a healthy run; `relaunch recover --force` SIGKILLed during the warm-up (cache a third written, marked `.relaunch-warming`)",
+    "the next `recover` sees the marker and re-warms before relaunching (not a plain relaunch onto the partial cache): healthy, one trainer, a complete cache",
+)
 def test_a_recovery_killed_mid_warm_up_from_a_healthy_run_is_finished_by_the_next_one(made, tmp_path, api_url):
     t = made(warmup_command=GATED_WARMUP)
     lived_in(t)
@@ -589,7 +665,11 @@ def test_a_recovery_killed_mid_warm_up_from_a_healthy_run_is_finished_by_the_nex
     assert len(live_trainers(t)) == 1 and len(live_supervisor_groups(t)) == 1
 
 
-@case(RESUMABLE, "orchestrator SIGKILLed right after the launch (trainer's PID recorded)", "recover again: finds the trainer healthy and leaves it (action `none`): the same single trainer")
+@case(
+    RESUMABLE,
+    "orchestrator SIGKILLed right after the launch (trainer's PID recorded)",
+    "recover again: finds the trainer healthy and leaves it (action `none`): the same single trainer",
+)
 def test_an_orchestrator_killed_right_after_launch_is_resumed_without_a_second_trainer(made, tmp_path, api_url):
     t = made()
     pids = lambda g: list((Path(t.state_path) / "runs").glob("*/pid"))  # noqa: E731
@@ -605,7 +685,11 @@ def test_an_orchestrator_killed_right_after_launch_is_resumed_without_a_second_t
 # 4. Bad input: a clear error naming what and where; the host unchanged
 
 
-@case(BAD_INPUT, "target file with wrong types (`max_attempts: three`, `thresholds.poll_interval_seconds: often`) and a missing field (`launch_command`)", "`relaunch recover` exits 2 naming the file and every bad field; nothing on the host touched")
+@case(
+    BAD_INPUT,
+    "target file with wrong types (`max_attempts: three`, `thresholds.poll_interval_seconds: often`) and a missing field (`launch_command`)",
+    "`relaunch recover` exits 2 naming the file and every bad field; nothing on the host touched",
+)
 def test_a_target_file_with_wrong_types_and_missing_fields_exits_2_naming_the_file_and_each_field(made, tmp_path):
     t = made()
     lived_in(t)
@@ -616,14 +700,20 @@ def test_a_target_file_with_wrong_types_and_missing_fields_exits_2_naming_the_fi
     file = tmp_path / "bad-target.yaml"
     file.write_text(yaml.safe_dump(data))
     before = host_tree(t)
-    proc = subprocess.run([RELAUNCH, "recover", str(file)], env=cli_env(tmp_path / "prefect-home"), capture_output=True, text=True, timeout=CLI_TIMEOUT)
+    proc = subprocess.run(
+        [RELAUNCH, "recover", str(file)], env=cli_env(tmp_path / "prefect-home"), capture_output=True, text=True, timeout=CLI_TIMEOUT
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     for needle in (str(file), "max_attempts", "thresholds.poll_interval_seconds", "launch_command: Field required"):
         assert needle in proc.stderr, (needle, proc.stderr)
     assert diff(before, host_tree(t)) == [] and not Path(t.state_path).exists()
 
 
-@case(BAD_INPUT, "`known_good_ref` that is not a commit in the repo", "PreflightFailed naming the ref, the repo and the host, before any change")
+@case(
+    BAD_INPUT,
+    "`known_good_ref` that is not a commit in the repo",
+    "PreflightFailed naming the ref, the repo and the host, before any change",
+)
 def test_an_unknown_git_ref_fails_preflight_naming_it_and_the_repo_and_changes_nothing(made):
     t = made(known_good_ref="no-such-ref")
     lived_in(t)
@@ -644,7 +734,11 @@ def test_a_missing_lock_file_fails_preflight_naming_its_path_and_changes_nothing
     assert diff(before, host_tree(t, state=False)) == [] and runs(t) == []
 
 
-@case(BAD_INPUT, "a lock that cannot be installed (`tinyjunk==9.9.9`, not in the wheels)", "CommandFailed naming `uv pip sync` and the package; the old venv is put back byte for byte (the failed one kept as `VENV.failed-*`); code not restored, nothing launched")
+@case(
+    BAD_INPUT,
+    "a lock that cannot be installed (`tinyjunk==9.9.9`, not in the wheels)",
+    "CommandFailed naming `uv pip sync` and the package; the old venv is put back byte for byte (the failed one kept as `VENV.failed-*`); code not restored, nothing launched",
+)
 def test_a_lock_that_cannot_be_installed_fails_naming_the_installer_and_puts_the_old_venv_back(made):
     t = made()
     lived_in(t)
@@ -658,7 +752,11 @@ def test_a_lock_that_cannot_be_installed_fails_naming_the_installer_and_puts_the
     assert diff(before, host_tree(t, state=False, skip=(failed[0],))) == [] and runs(t) == []
 
 
-@case(BAD_INPUT, "a warm-up command that fails (prints, then exits 3)", "CommandFailed naming `warm-up`, exit code 3 and its output tail; nothing launched; the old venv and the edits stay kept aside")
+@case(
+    BAD_INPUT,
+    "a warm-up command that fails (prints, then exits 3)",
+    "CommandFailed naming `warm-up`, exit code 3 and its output tail; nothing launched; the old venv and the edits stay kept aside",
+)
 def test_a_failing_warm_up_fails_naming_warm_up_its_exit_code_and_output_tail_and_launches_nothing(made):
     t = made(warmup_command="echo compiling kernel 7 of 9; echo 'RuntimeError: inductor kernel 7 failed' >&2; exit 3")
     lived_in(t)
@@ -672,7 +770,11 @@ def test_a_failing_warm_up_fails_naming_warm_up_its_exit_code_and_output_tail_an
     assert list((Path(t.state_path) / "patches").glob("*-restore.patch"))
 
 
-@case(BAD_INPUT, "a launch command that exits at once (raises `JSONDecodeError`)", "the report says `crashed` with the real exception line, acts once more, then escalates on the same failure: two launches, no loop")
+@case(
+    BAD_INPUT,
+    "a launch command that exits at once (raises `JSONDecodeError`)",
+    "the report says `crashed` with the real exception line, acts once more, then escalates on the same failure: two launches, no loop",
+)
 def test_a_launch_command_that_exits_at_once_is_reported_crashed_with_its_exception_then_escalated(crash_loop):
     t, report = crash_loop
     assert [a.action for a in report.attempts] == [Action.FULL_RECOVERY, Action.FULL_RECOVERY, Action.ESCALATE], report.timeline()
@@ -683,7 +785,11 @@ def test_a_launch_command_that_exits_at_once_is_reported_crashed_with_its_except
     assert len(runs(t)) == 2 and live_trainers(t) == []
 
 
-@case(BAD_INPUT, "a `log_dir` that cannot be created (its parent is a file)", "PreflightFailed naming `log_dir` and the nearest existing path; nothing created")
+@case(
+    BAD_INPUT,
+    "a `log_dir` that cannot be created (its parent is a file)",
+    "PreflightFailed naming `log_dir` and the nearest existing path; nothing created",
+)
 def test_a_log_dir_that_cannot_be_created_fails_preflight_naming_it_and_changes_nothing(made, tmp_path):
     blocker = tmp_path / "target0" / "not-a-folder"
     t = made(log_dir=str(blocker / "logs"))
@@ -700,7 +806,11 @@ def test_a_log_dir_that_cannot_be_created_fails_preflight_naming_it_and_changes_
 # 5. Faults during a step
 
 
-@case(MID_STEP, "disk full while building the venv (venv on an 8 MiB tmpfs; the lock's wheel carries 12 MiB)", "CommandFailed whose tail has the real `No space left on device`; the old venv is put back byte for byte")
+@case(
+    MID_STEP,
+    "disk full while building the venv (venv on an 8 MiB tmpfs; the lock's wheel carries 12 MiB)",
+    "CommandFailed whose tail has the real `No space left on device`; the old venv is put back byte for byte",
+)
 def test_a_disk_that_fills_while_building_the_venv_fails_with_the_real_error_and_the_old_venv_comes_back(made, tmp_path, monkeypatch):
     wheels = tmp_path / "big-wheels"
     big_wheel(wheels, "bigpkg", "1.0.0", 12)
@@ -719,16 +829,26 @@ def test_a_disk_that_fills_while_building_the_venv_fails_with_the_real_error_and
         assert len(venvs_beside(t, "failed")) == 1 and runs(t) == []
 
 
-@case(MID_STEP, "the warm-up process killed with SIGKILL (as the OOM killer does)", "CommandFailed naming `warm-up` and exit code 137 (128 + SIGKILL), with its output")
+@case(
+    MID_STEP,
+    "the warm-up process killed with SIGKILL (as the OOM killer does)",
+    "CommandFailed naming `warm-up` and exit code 137 (128 + SIGKILL), with its output",
+)
 def test_a_warm_up_killed_by_sigkill_fails_naming_warm_up_and_exit_137(made):
-    t = made(warmup_command="python3 -c 'import os, signal; print(\"compiling kernels\", flush=True); os.kill(os.getpid(), signal.SIGKILL)'")
+    t = made(
+        warmup_command="python3 -c 'import os, signal; print(\"compiling kernels\", flush=True); os.kill(os.getpid(), signal.SIGKILL)'"
+    )
     with pytest.raises(CommandFailed) as err:
         warm_cache.fn(t)
     assert err.value.command == "warm-up" and "compiling kernels" in str(err.value)
     assert err.value.exit_code == 137 and "exited 137" in str(err.value), str(err.value)
 
 
-@case(MID_STEP, "tmux not installed on the host (`relaunch recover` run with a PATH holding every tool but tmux)", "exit 2, preflight names tmux, nothing on the host changed")
+@case(
+    MID_STEP,
+    "tmux not installed on the host (`relaunch recover` run with a PATH holding every tool but tmux)",
+    "exit 2, preflight names tmux, nothing on the host changed",
+)
 def test_a_host_without_tmux_fails_preflight_naming_tmux_and_changes_nothing(made, tmp_path, api_url):
     t = made()
     lived_in(t)
@@ -760,4 +880,6 @@ def test_the_fault_matrix_doc_is_what_the_registry_renders():
     for c in REGISTRY:
         path, name = c.test.split("::")
         assert f"def {name}(" in (ROOT / path).read_text(), f"{c.test} does not exist"
-    assert DOC.exists() and DOC.read_text() == render_matrix(REGISTRY), "docs/fault-matrix.md is stale: run `python bench/render_fault_matrix.py`"
+    assert DOC.exists() and DOC.read_text() == render_matrix(REGISTRY), (
+        "docs/fault-matrix.md is stale: run `python bench/render_fault_matrix.py`"
+    )

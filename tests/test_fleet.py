@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
 from flows.check import check_training
 from flows.fleet import check_fleet
-from relaunch.config import Target
 from relaunch.playbook import Action
 from relaunch.verdicts import Verdict
 from tasks.health import collect_snapshot
 from tasks.launch import launch
-from tests.targets import shell_target, stop_all, wait_for_exit
+from tests.targets import current, runs, shell_target, stop_all, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-def runs(target: Target) -> list[str]:
-    folder = Path(target.state_path) / "runs"
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-
-
-def current(target: Target) -> str:
-    return (Path(target.state_path) / "current").read_text().strip()
 
 
 def fleet_artifact(flow_run_id) -> list:
@@ -34,7 +23,11 @@ def fleet_artifact(flow_run_id) -> list:
 
     async def read():
         async with get_client() as client:
-            return await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["check-fleet"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    key=ArtifactFilterKey(any_=["check-fleet"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+                )
+            )
 
     return asyncio.run(read())
 

@@ -32,7 +32,7 @@ from tasks.launch import launch, skipped_path
 from tasks.stop import stop
 from tests.faults import LOST, MID_STEP, case, live_trainers, reap, sha256, tmpfs, tree, wait_for
 from tests.sshd import cannot_run_here
-from tests.targets import shell_target, wait_for_exit
+from tests.targets import runs, shell_target, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -40,7 +40,9 @@ XID = Path(__file__).parent / "fixtures" / "logs" / "xid"
 # The test's own interpreter has torch; the targets' venvs (tiny wheels only) do not.
 TORCH_PYTHON = sys.executable
 
-FAST = Thresholds(startup_grace_seconds=30, poll_interval_seconds=0.3, settle_timeout_seconds=60, healthy_steps=3, stall_window_floor_seconds=3)
+FAST = Thresholds(
+    startup_grace_seconds=30, poll_interval_seconds=0.3, settle_timeout_seconds=60, healthy_steps=3, stall_window_floor_seconds=3
+)
 
 # ---------------------------------------------------------------------------------------------
 # Trainers
@@ -260,11 +262,6 @@ def recover(target: Target, **kwargs) -> Report:
     return report
 
 
-def runs(target: Target) -> list[str]:
-    folder = Path(target.state_path) / "runs"
-    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
-
-
 def run_log(target: Target, run_id: str) -> str:
     return Path((Path(target.state_path) / "runs" / run_id / "log_path").read_text().strip()).read_text()
 
@@ -274,7 +271,13 @@ def step_detail(report: Report, step: str, attempt: int = 0) -> dict:
 
 
 def told(report: Report) -> str:
-    return "\n".join([*report.timeline(), *(f"  evidence {a.number}: {line}" for a in report.attempts for line in a.evidence), f"  message: {report.message}"])
+    return "\n".join(
+        [
+            *report.timeline(),
+            *(f"  evidence {a.number}: {line}" for a in report.attempts for line in a.evidence),
+            f"  message: {report.message}",
+        ]
+    )
 
 
 def launched_and_exited(target: Target) -> None:
@@ -302,11 +305,20 @@ GPU0 = "GPU 0 (PCI 00000000:00:06.0)"
     "kernel, trainer_output, expected",
     [
         ("xid79_journal.txt", "cuda_unspecified_launch_failure.log", [f"{GPU0}: Xid 79: GPU has fallen off the bus"]),
-        ("xid48_journal.txt", "cuda_ecc_trainer.log", [f"{GPU0}: Xid 48: double-bit ECC error: uncorrectable memory error", f"{GPU0}: Xid 64: ECC page retirement or row remapping failed: the GPU needs service"]),
+        (
+            "xid48_journal.txt",
+            "cuda_ecc_trainer.log",
+            [
+                f"{GPU0}: Xid 48: double-bit ECC error: uncorrectable memory error",
+                f"{GPU0}: Xid 64: ECC page retirement or row remapping failed: the GPU needs service",
+            ],
+        ),
     ],
     ids=["xid79", "xid48"],
 )
-def test_a_gpu_that_failed_with_an_xid_is_escalated_and_never_relaunched_onto(made, tmp_path, monkeypatch, kernel, trainer_output, expected):
+def test_a_gpu_that_failed_with_an_xid_is_escalated_and_never_relaunched_onto(
+    made, tmp_path, monkeypatch, kernel, trainer_output, expected
+):
     host_commands(tmp_path / "bin", monkeypatch, dmesg_printing(XID / kernel), nvidia_smi=True)
     t = made(launch_command=f"bash {trainer(tmp_path, 'gpu_trainer.sh', GPU_TRAINER)} {XID / trainer_output}")
     launched_and_exited(t)
@@ -316,7 +328,9 @@ def test_a_gpu_that_failed_with_an_xid_is_escalated_and_never_relaunched_onto(ma
     for line in expected:
         assert line in first.evidence, told(report)
     number = expected[0].split("Xid ")[1].split(":")[0]
-    assert any(re.search(rf"^\[ *[0-9.]+\] NVRM: Xid \(PCI:0000:00:06\): {number},", e) for e in first.evidence), "the kernel's own line is quoted"
+    assert any(re.search(rf"^\[ *[0-9.]+\] NVRM: Xid \(PCI:0000:00:06\): {number},", e) for e in first.evidence), (
+        "the kernel's own line is quoted"
+    )
     assert first.summary == expected[0] and not report.ok and len(report.attempts) == 1
     assert len(runs(t)) == 1, f"one launch, never a relaunch onto the failed GPU: {runs(t)}"
     assert live_trainers(t) == []
@@ -324,7 +338,7 @@ def test_a_gpu_that_failed_with_an_xid_is_escalated_and_never_relaunched_onto(ma
 
 @case(
     MID_STEP,
-    'a GPU that fell off the bus, said by a newer driver over three dmesg lines with no Xid (NVSentinel#155: the continuation lines carry no `[stamp]`); the trainer dies with `CUDA error: unspecified launch failure`',
+    "a GPU that fell off the bus, said by a newer driver over three dmesg lines with no Xid (NVSentinel#155: the continuation lines carry no `[stamp]`); the trainer dies with `CUDA error: unspecified launch failure`",
     "crashed / gpu_fault from the kernel's `fallen off the bus`, escalated, one launch",
 )
 def test_a_gpu_that_fell_off_the_bus_said_over_several_dmesg_lines_is_never_relaunched_onto(made, tmp_path, monkeypatch):
@@ -336,8 +350,8 @@ def test_a_gpu_that_fell_off_the_bus_said_over_several_dmesg_lines_is_never_rela
     report = recover(t)
     first = report.attempts[0]
     assert (first.verdict, first.cause, first.action) == (Verdict.CRASHED, Cause.GPU_FAULT, Action.ESCALATE), (
-        "BUG relaunch/hostscripts.py SNAPSHOT (kernel section): the time filter "
-        "`awk '{ t = $0; sub(/^\\[ */, \"\", t); split(t, a, \"]\"); if (a[1] + 0 >= since) print }'` reads a dmesg "
+        "BUG relaunch/host/snapshot.sh (kernel section): the time filter "
+        '`awk \'{ t = $0; sub(/^\\[ */, "", t); split(t, a, "]"); if (a[1] + 0 >= since) print }\'` reads a dmesg '
         "continuation line (no [stamp], only indentation) as time 0 and drops it, so the multi-line 'fallen off the bus' "
         f"never reaches the diagnosis (kernel lines the poll sent: {kernel}) and the run is relaunched onto the lost GPU:\n{told(report)}"
     )
@@ -356,7 +370,9 @@ def test_a_gpu_fault_with_an_unreadable_kernel_log_is_judged_from_the_trainers_c
         cannot_run_here("needs dmesg, setpriv and kernel.dmesg_restrict=1 to make the kernel log unreadable for real")
     host_commands(tmp_path / "bin", monkeypatch, UNREADABLE_DMESG.format(dmesg=real_dmesg), nvidia_smi=True)
     denied = subprocess.run(["dmesg"], capture_output=True, text=True)
-    assert (denied.returncode, denied.stdout + denied.stderr) == (1, (XID / "dmesg_not_permitted.txt").read_text()), "the stand-in fails as util-linux does"
+    assert (denied.returncode, denied.stdout + denied.stderr) == (1, (XID / "dmesg_not_permitted.txt").read_text()), (
+        "the stand-in fails as util-linux does"
+    )
     t = made(launch_command=f"bash {trainer(tmp_path, 'gpu_trainer.sh', GPU_TRAINER)} {XID / 'cuda_ecc_trainer.log'}")
     launched_and_exited(t)
     assert collect_snapshot(t).kernel_readable is False
@@ -384,11 +400,17 @@ def test_a_gpu_fault_with_an_unreadable_kernel_log_is_judged_from_the_trainers_c
 )
 def test_a_disk_that_filled_under_the_trainer_is_escalated_and_its_checkpoints_are_untouched(made, tmp_path):
     with tmpfs(tmp_path / "small", "1m") as small:
-        t = made(launch_command=f"{TORCH_PYTHON} {trainer(tmp_path, 'fill.py', DISK_FILLING_TRAINER)} {small}", checkpoint_dir=str(small), min_free_disk_gb=0.0005)
+        t = made(
+            launch_command=f"{TORCH_PYTHON} {trainer(tmp_path, 'fill.py', DISK_FILLING_TRAINER)} {small}",
+            checkpoint_dir=str(small),
+            min_free_disk_gb=0.0005,
+        )
         try:
             launched_and_exited(t)
             (run,) = runs(t)
-            assert re.search(r"No space left on device|basic_ios::clear: iostream error|PytorchStreamWriter failed", run_log(t, run)), "torch.save failed for real"
+            assert re.search(r"No space left on device|basic_ios::clear: iostream error|PytorchStreamWriter failed", run_log(t, run)), (
+                "torch.save failed for real"
+            )
             before = tree(small)
             assert len(before) >= 2, before
             report = recover(t)
@@ -468,7 +490,9 @@ def test_a_hung_trainer_is_stopped_and_relaunched_even_when_py_spy_cannot_be_ins
     first = report.attempts[0]
     assert (first.verdict, first.action) == (Verdict.STALLED, Action.DUMP_AND_RELAUNCH), told(report)
     stacks = step_detail(report, "capture_stacks")
-    assert stacks.get("skipped", "").startswith("cannot install py-spy:") and "py-spy" in stacks["skipped"][len("cannot install py-spy:"):], stacks
+    assert (
+        stacks.get("skipped", "").startswith("cannot install py-spy:") and "py-spy" in stacks["skipped"][len("cannot install py-spy:") :]
+    ), stacks
     assert not stacks.get("stacks_file") and not list((Path(t.state_path) / "stacks").glob("*")), stacks
     assert [s.step for s in first.steps] == ["capture_stacks", "stop", "launch"], told(report)
     assert report.verdict is Verdict.HEALTHY and len(runs(t)) == 2, told(report)
@@ -511,9 +535,14 @@ def test_a_checkpoint_that_does_not_load_is_skipped_kept_and_never_taken_again(m
         f"instead of resuming from step_100.pt. The trainer's log:\n{died[-1500:]}\n{told(report)}"
     )
     assert f"the checkpoint it was given: {broken}" in first.evidence, told(report)
-    assert any(e.startswith(("RuntimeError: PytorchStreamReader failed reading zip archive", "OSError: [Errno 22]")) for e in first.evidence), told(report)
+    assert any(
+        e.startswith(("RuntimeError: PytorchStreamReader failed reading zip archive", "OSError: [Errno 22]")) for e in first.evidence
+    ), told(report)
     relaunch = step_detail(report, "launch")
-    assert relaunch["checkpoint"] == str(ckpt / "step_100.pt") and "'step_600.pt': failed to load in an earlier attempt" in relaunch["checkpoint_why"], relaunch
+    assert (
+        relaunch["checkpoint"] == str(ckpt / "step_100.pt")
+        and "'step_600.pt': failed to load in an earlier attempt" in relaunch["checkpoint_why"]
+    ), relaunch
     assert report.verdict is Verdict.HEALTHY, told(report)
     assert f"resuming from {ckpt / 'step_100.pt'}" in run_log(t, relaunch["run_id"]) and "step=101 " in run_log(t, relaunch["run_id"])
     assert sha256(broken) == kept, "the broken checkpoint is kept byte for byte"
@@ -544,7 +573,12 @@ def test_a_diverged_run_is_relaunched_from_before_the_divergence_and_escalated_w
     slow_to_settle = FAST.model_copy(update={"healthy_steps": 12})  # a resumed run reaches the jump within 12 step lines
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    t = made(launch_command=f"{TORCH_PYTHON} {trainer(tmp_path, 'diverge.py', DIVERGING_TRAINER)} {ckpt}", checkpoint_dir=str(ckpt), resume_arg="--resume {checkpoint}", thresholds=slow_to_settle)
+    t = made(
+        launch_command=f"{TORCH_PYTHON} {trainer(tmp_path, 'diverge.py', DIVERGING_TRAINER)} {ckpt}",
+        checkpoint_dir=str(ckpt),
+        resume_arg="--resume {checkpoint}",
+        thresholds=slow_to_settle,
+    )
     launch.fn(t, 1)
     wait_for(lambda: polled_verdict(t) is Verdict.DIVERGED, 90, "the loss to go non-finite")
     report = recover(t)
@@ -573,7 +607,12 @@ def test_a_native_crash_is_relaunched_once_and_escalated_when_it_repeats(made, t
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     crashes_before_settling = FAST.model_copy(update={"healthy_steps": 10})  # it dies 5 step lines after each start
-    t = made(launch_command=f"{TORCH_PYTHON} {trainer(tmp_path, 'segv.py', SEGFAULT_TRAINER)} {ckpt}", checkpoint_dir=str(ckpt), resume_arg="--resume {checkpoint}", thresholds=crashes_before_settling)
+    t = made(
+        launch_command=f"{TORCH_PYTHON} {trainer(tmp_path, 'segv.py', SEGFAULT_TRAINER)} {ckpt}",
+        checkpoint_dir=str(ckpt),
+        resume_arg="--resume {checkpoint}",
+        thresholds=crashes_before_settling,
+    )
     launched_and_exited(t)
     report = recover(t)
     first = report.attempts[0]

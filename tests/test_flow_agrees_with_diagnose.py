@@ -25,7 +25,15 @@ def own_start_time() -> str:
 
 def recorded_run(tmp_path: Path, log: Path, exit_code: int | None, running: bool, quiet_seconds: float | None) -> Target:
     """State files exactly as the supervisor writes them, around a captured log."""
-    target = Target(name="replay", repo_dir=str(tmp_path), venv_dir=str(tmp_path / "venv"), lock_file="x", launch_command="true", log_dir=str(tmp_path / "logs"), tmux_session=f"replay-{tmp_path.name}")
+    target = Target(
+        name="replay",
+        repo_dir=str(tmp_path),
+        venv_dir=str(tmp_path / "venv"),
+        lock_file="x",
+        launch_command="true",
+        log_dir=str(tmp_path / "logs"),
+        tmux_session=f"replay-{tmp_path.name}",
+    )
     run = Path(target.state_path) / "runs" / "r1"
     run.mkdir(parents=True)
     copy = Path(target.log_dir) / "r1.log"
@@ -46,7 +54,9 @@ def recorded_run(tmp_path: Path, log: Path, exit_code: int | None, running: bool
 REPLAYABLE = [c for c in CASES if "--dmesg" not in c[1]]
 
 
-@pytest.mark.parametrize(("fixture", "options", "verdict", "cause", "package", "quoted"), REPLAYABLE, ids=[f"{c[0]} {' '.join(c[1][:2])}" for c in REPLAYABLE])
+@pytest.mark.parametrize(
+    ("fixture", "options", "verdict", "cause", "package", "quoted"), REPLAYABLE, ids=[f"{c[0]} {' '.join(c[1][:2])}" for c in REPLAYABLE]
+)
 def test_the_flows_poll_and_diagnose_agree_on_each_fixture(tmp_path, fixture, options, verdict, cause, package, quoted):
     opts = dict(zip(options[::1], options[1::1]))
     running = "--running" in options
@@ -57,4 +67,8 @@ def test_the_flows_poll_and_diagnose_agree_on_each_fixture(tmp_path, fixture, op
     snap = collect_snapshot(target, wait_seconds=0)
     flow = diagnose(snap, Thresholds(baseline_tokens_per_second=baseline))
     cli = json.loads(CliRunner().invoke(app, ["diagnose", str(LOGS / fixture), *options, "--json"]).output)
-    assert (flow.verdict.value, flow.cause.value if flow.cause else None, flow.package) == (cli["verdict"], cli["cause"], cli["package"]) == (verdict, cause, package)
+    assert (
+        (flow.verdict.value, flow.cause.value if flow.cause else None, flow.package)
+        == (cli["verdict"], cli["cause"], cli["package"])
+        == (verdict, cause, package)
+    )

@@ -24,7 +24,7 @@ from relaunch.verdicts import Verdict
 from tasks.health import check_health, collect_snapshot
 from tasks.launch import launch
 from tests.netns import Fleet, fleet_of_hosts
-from tests.targets import shell_target, stop_all, wait_for_exit
+from tests.targets import current, runs, shell_target, stop_all, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -46,7 +46,11 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
 def targets_on(fleet: Fleet, tmp_path: Path) -> list[Target]:
     """One shell target per host, with small connect and command limits."""
     return [
-        shell_target(tmp_path / f"host{i}", name=f"host{i}", host=server.ssh_host(connect_timeout_seconds=CONNECT_TIMEOUT, command_timeout_seconds=COMMAND_TIMEOUT))
+        shell_target(
+            tmp_path / f"host{i}",
+            name=f"host{i}",
+            host=server.ssh_host(connect_timeout_seconds=CONNECT_TIMEOUT, command_timeout_seconds=COMMAND_TIMEOUT),
+        )
         for i, server in enumerate(fleet.servers)
     ]
 
@@ -60,15 +64,6 @@ def stopping(fleet: Fleet, targets: list[Target]) -> Iterator[None]:
         for i in sorted(fleet.net.gone):
             fleet.up(i)
         stop_all(*targets)
-
-
-def runs(target: Target) -> list[str]:
-    folder = Path(target.state_path) / "runs"
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
-
-
-def current(target: Target) -> str:
-    return (Path(target.state_path) / "current").read_text().strip()
 
 
 def logins(fleet: Fleet) -> list[int]:
@@ -103,7 +98,9 @@ def test_a_fleet_of_three_hosts_recovers_only_the_crashed_host_and_reaches_each_
         assert f"Accepted publickey for root from {host.gateway} " in server.log_path.read_text(), server.log_path.read_text()[-2000:]
 
 
-def test_a_host_that_goes_away_mid_run_is_an_unreachable_row_that_does_not_hold_up_the_fleet_and_is_healthy_once_back(tmp_path, fleet: Fleet):
+def test_a_host_that_goes_away_mid_run_is_an_unreachable_row_that_does_not_hold_up_the_fleet_and_is_healthy_once_back(
+    tmp_path, fleet: Fleet
+):
     targets = targets_on(fleet, tmp_path)
     gone = targets[2]
     with stopping(fleet, targets):

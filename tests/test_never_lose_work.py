@@ -54,7 +54,11 @@ def with_resume_script(target) -> None:
     git(Path(target.repo_dir), "commit", "-q", "-m", "resume")
 
 
-@case(LOST, 'checkpoints named `step_000700`, `step_000800`, `step_000900` (bash once read them as octal and resumed from 700)', 'the relaunch resumes from `step_000900`, chosen in Python (base 10) from a NUL-separated listing; the run record says why')
+@case(
+    LOST,
+    "checkpoints named `step_000700`, `step_000800`, `step_000900` (bash once read them as octal and resumed from 700)",
+    "the relaunch resumes from `step_000900`, chosen in Python (base 10) from a NUL-separated listing; the run record says why",
+)
 def test_zero_padded_checkpoints_resume_from_the_highest_step_not_an_octal_misreading(made):
     t = made(launch_command="bash resume.sh")
     with_resume_script(t)
@@ -65,7 +69,7 @@ def test_zero_padded_checkpoints_resume_from_the_highest_step_not_an_octal_misre
     assert poll_until_settled(t).diagnosis.metrics.last_step > 900
 
 
-@case(LOST, '`checkpoint_dir` that does not exist', 'the launch says so (warning and run record) and starts from scratch')
+@case(LOST, "`checkpoint_dir` that does not exist", "the launch says so (warning and run record) and starts from scratch")
 def test_a_missing_checkpoint_dir_is_said_and_the_run_starts_from_scratch(made):
     t = made()
     record, _ = launch.fn(t, 1)
@@ -82,7 +86,11 @@ def write(tmp_path: Path, data: dict) -> Path:
     return path
 
 
-@case(BAD_INPUT, '`inductor_cache_dir` set to the checkpoint folder, to it through `..`, or to `/tmp/../usr`', '`relaunch recover` exits 2 naming `inductor_cache_dir`; checkpoints identical, nothing ran')
+@case(
+    BAD_INPUT,
+    "`inductor_cache_dir` set to the checkpoint folder, to it through `..`, or to `/tmp/../usr`",
+    "`relaunch recover` exits 2 naming `inductor_cache_dir`; checkpoints identical, nothing ran",
+)
 def test_a_cache_dir_set_to_the_checkpoint_folder_is_refused_before_anything_runs(made, tmp_path):
     t = made()
     checkpoints(t, "step_100", "step_600")
@@ -95,7 +103,11 @@ def test_a_cache_dir_set_to_the_checkpoint_folder_is_refused_before_anything_run
     assert not Path(t.state_path).exists(), "nothing ran"
 
 
-@case(LOST, '`inductor_cache_dir` a symbolic link to the checkpoint folder (validation cannot see links)', 'the link is moved aside and kept, never followed; every checkpoint identical; a fresh cache folder takes its place')
+@case(
+    LOST,
+    "`inductor_cache_dir` a symbolic link to the checkpoint folder (validation cannot see links)",
+    "the link is moved aside and kept, never followed; every checkpoint identical; a fresh cache folder takes its place",
+)
 def test_a_cache_dir_that_links_to_the_checkpoints_is_moved_aside_and_nothing_behind_it_is_deleted(made):
     t = made()
     checkpoints(t, "step_100", "step_600")
@@ -108,7 +120,11 @@ def test_a_cache_dir_that_links_to_the_checkpoints_is_moved_aside_and_nothing_be
     assert Path(t.inductor_cache_dir).is_dir() and not Path(t.inductor_cache_dir).is_symlink()
 
 
-@case(LOST, 'a cache folder holding a file that is not compile cache', 'the cache is moved aside whole and kept (named in the report), never `rm -rf`')
+@case(
+    LOST,
+    "a cache folder holding a file that is not compile cache",
+    "the cache is moved aside whole and kept (named in the report), never `rm -rf`",
+)
 def test_a_cache_holding_files_that_are_not_compile_cache_is_kept_aside_whole(made):
     t = made()
     cache = Path(t.inductor_cache_dir)
@@ -121,7 +137,11 @@ def test_a_cache_holding_files_that_are_not_compile_cache_is_kept_aside_whole(ma
     assert not (cache / "ab").exists()
 
 
-@case(BAD_INPUT, '`venv_dir: "/x/precious\\nx/venv"` with `keep_old_venvs: 1` (once deleted /x/precious)', 'exit 2 naming `venv_dir` and its control character; /x/precious intact')
+@case(
+    BAD_INPUT,
+    '`venv_dir: "/x/precious\\nx/venv"` with `keep_old_venvs: 1` (once deleted /x/precious)',
+    "exit 2 naming `venv_dir` and its control character; /x/precious intact",
+)
 def test_a_venv_path_with_a_newline_is_refused_and_nothing_is_pruned(made, tmp_path):
     t = made()
     precious = tmp_path / "x" / "precious"
@@ -133,7 +153,11 @@ def test_a_venv_path_with_a_newline_is_refused_and_nothing_is_pruned(made, tmp_p
     assert (precious / "data").read_text() == "irreplaceable"
 
 
-@case(LOST, 'old venvs whose names hold a newline, quotes and `$(...)`, beside an unrelated folder', 'the prune removes exactly the `VENV.old-*` names beyond the newest, chosen in Python; the unrelated folder intact')
+@case(
+    LOST,
+    "old venvs whose names hold a newline, quotes and `$(...)`, beside an unrelated folder",
+    "the prune removes exactly the `VENV.old-*` names beyond the newest, chosen in Python; the unrelated folder intact",
+)
 def test_pruning_removes_only_old_venvs_by_their_exact_names(made, tmp_path):
     t = made(keep_old_venvs=1)
     parent = Path(t.venv_dir).parent
@@ -150,10 +174,18 @@ def test_pruning_removes_only_old_venvs_by_their_exact_names(made, tmp_path):
     assert len(list(parent.glob("venv.old-*"))) == 1, "the newest old venv is kept"
 
 
-@case(BAD_INPUT, 'a `repo_dir` holding `" ; } ; touch PWNED ; false && { : "` and an env value holding `$(...)`, backticks, quotes and a newline', 'nothing runs: the trainer starts in that folder and gets the value byte for byte through its environment')
+@case(
+    BAD_INPUT,
+    'a `repo_dir` holding `" ; } ; touch PWNED ; false && { : "` and an env value holding `$(...)`, backticks, quotes and a newline',
+    "nothing runs: the trainer starts in that folder and gets the value byte for byte through its environment",
+)
 def test_config_values_never_run_as_shell_code_in_the_supervisor(tmp_path):
     evil = '" ; } ; touch PWNED ; false && { : "'
-    t = shell_target(tmp_path / evil, env={"V": "$(touch PWNED2) `touch PWNED3` \"q\" 'q'\nline2"}, launch_command='printf "%s" "$V" > env-seen; bash stepper.sh')
+    t = shell_target(
+        tmp_path / evil,
+        env={"V": "$(touch PWNED2) `touch PWNED3` \"q\" 'q'\nline2"},
+        launch_command='printf "%s" "$V" > env-seen; bash stepper.sh',
+    )
     try:
         launch.fn(t, 1)
         assert poll_until_settled(t).diagnosis.verdict.value == "healthy"
@@ -163,7 +195,7 @@ def test_config_values_never_run_as_shell_code_in_the_supervisor(tmp_path):
         stop.fn(t)
 
 
-@case(BAD_INPUT, 'an env key `A; touch /tmp/x; B`', 'exit 2 naming `env`: keys must be shell variable names')
+@case(BAD_INPUT, "an env key `A; touch /tmp/x; B`", "exit 2 naming `env`: keys must be shell variable names")
 def test_an_env_key_that_is_not_a_shell_name_is_refused(tmp_path):
     t = shell_target(tmp_path / "t")
     result = cli(["recover", str(write(tmp_path, {**t.model_dump(mode="json"), "env": {"A; touch /tmp/x; B": "1"}}))], tmp_path)
@@ -183,7 +215,11 @@ def test_a_fractional_poll_interval_waits_that_long_on_the_host(made):
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 
-@case(MID_STEP, "a trainer whose output is a real rich-coloured traceback, and one whose tqdm bar redraws step lines with `\\r` (both captured, tests/fixtures/logs)", "through the host poll: the coloured exception line is the cause (not 'exited 1 without a traceback'), and the run is judged on its newest step (164, not a stale 159)")
+@case(
+    MID_STEP,
+    "a trainer whose output is a real rich-coloured traceback, and one whose tqdm bar redraws step lines with `\\r` (both captured, tests/fixtures/logs)",
+    "through the host poll: the coloured exception line is the cause (not 'exited 1 without a traceback'), and the run is judged on its newest step (164, not a stale 159)",
+)
 def test_the_poll_reads_through_colour_codes_and_carriage_return_redraws(made):
     coloured = made(launch_command=f"cat {LOGS / 'ansi_colored_traceback.log'}; exit 1")
     redrawn = made(launch_command=f"cat {LOGS / 'carriage_return_progress.log'}; exit 1")

@@ -30,8 +30,49 @@ CONTAINER_IDS = {"pct": "201", "docker": "trainer"}
 # Any character but NUL (argv strings end at NUL) and lone surrogates (not encodable, so not text on a wire).
 _any = st.characters(codec="utf-8", exclude_characters="\x00")
 _nasty = st.sampled_from(
-    ["'", '"', "\\", "$", "`", "$(id)", "`id`", "${HOME}", "$1", "!", "!!", "*", "?", "[a]", "{a,b}", "~", "#", ";", "&&", "|",
-     ">", "<", "(", ")", "\n", "\t", " ", "\r", "-", "--", "-n", "-e", "%s", "%", "\\n", "é", "日本", "🙂", "\u200b", "\x7f", "\x1b[0m"]
+    [
+        "'",
+        '"',
+        "\\",
+        "$",
+        "`",
+        "$(id)",
+        "`id`",
+        "${HOME}",
+        "$1",
+        "!",
+        "!!",
+        "*",
+        "?",
+        "[a]",
+        "{a,b}",
+        "~",
+        "#",
+        ";",
+        "&&",
+        "|",
+        ">",
+        "<",
+        "(",
+        ")",
+        "\n",
+        "\t",
+        " ",
+        "\r",
+        "-",
+        "--",
+        "-n",
+        "-e",
+        "%s",
+        "%",
+        "\\n",
+        "é",
+        "日本",
+        "🙂",
+        "\u200b",
+        "\x7f",
+        "\x1b[0m",
+    ]
 )
 TEXT = st.lists(st.one_of(_nasty, st.text(_any, max_size=12)), max_size=10).map("".join)
 DIR_NAME = TEXT.filter(lambda s: s not in ("", ".", "..") and "/" not in s and len(s.encode()) <= 255)
@@ -69,7 +110,6 @@ def transports(sshd: SSHServer, local_env: None) -> Iterator[dict[str, Transport
 def dirs() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="relaunch-cwd-") as tmp:
         yield Path(os.path.realpath(tmp))  # realpath: $PWD must equal the path we cd'd to
-
 
 
 @pytest.mark.parametrize("layer", LAYERS)

@@ -28,7 +28,9 @@ def test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first(scen
         stop.fn(target)
     expected = SCENARIOS[scenario]
     first = report.attempts[0]
-    assert (first.verdict.value, first.cause.value if first.cause else None) == (expected.expected_verdict, expected.expected_cause), report.timeline()
+    assert (first.verdict.value, first.cause.value if first.cause else None) == (expected.expected_verdict, expected.expected_cause), (
+        report.timeline()
+    )
     assert report.ok and report.verdict is Verdict.HEALTHY, report.timeline()
     assert all(a.steps for a in report.attempts[:-1]), "every attempt but the last acted"
     if any(step.step == "restore_code" for a in report.attempts for step in a.steps):
@@ -58,7 +60,9 @@ def test_the_same_failure_twice_without_progress_ends_with_a_clear_report(tmp_pa
     actions = [a.action for a in report.attempts]
     assert actions == [Action.FULL_RECOVERY, Action.FULL_RECOVERY, Action.ESCALATE], report.timeline()
     assert not report.ok and "again with no progress" in report.message
-    assert state.is_failed() and "escalate" not in state.message and "again with no progress" in state.message, "a run that gave up is never green"
+    assert state.is_failed() and "escalate" not in state.message and "again with no progress" in state.message, (
+        "a run that gave up is never green"
+    )
     assert any("JSONDecodeError" in line for line in report.attempts[-1].evidence)
 
 

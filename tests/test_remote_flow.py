@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prefect import flow  # noqa: E402
 from sshd import SSHServer, sshd  # noqa: E402,F401  (sshd is a fixture)
 
 from flows.check import check_training  # noqa: E402
 from flows.recover import recover_training  # noqa: E402
-from prefect import flow  # noqa: E402
-
 from relaunch.commands import Command  # noqa: E402
 from relaunch.config import Target  # noqa: E402
 from relaunch.errors import CommandFailed  # noqa: E402
@@ -143,7 +142,9 @@ def test_relaunch_check_reads_an_ssh_target_file_and_reports_json(tmp_path, sshd
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home")}
     env.pop("PREFECT_API_URL", None)
     try:
-        out = subprocess.run([sys.executable, "-m", "relaunch.cli", "check", str(path), "--json"], capture_output=True, text=True, env=env, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "relaunch.cli", "check", str(path), "--json"], capture_output=True, text=True, env=env, timeout=120
+        )
     finally:
         stop.fn(target)
     assert out.returncode == 0, out.stderr[-2000:]

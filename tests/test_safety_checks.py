@@ -52,7 +52,11 @@ def test_an_empty_checkpoint_folder_is_never_resumed_from():
 
 
 def test_equal_steps_go_to_the_newest_and_refused_or_later_ones_are_skipped():
-    es = [Entry(name="step_900", kind="d", mtime=5.0), Entry(name="step_900.pt", kind="f", mtime=9.0), Entry(name="step_800", kind="d", mtime=1.0)]
+    es = [
+        Entry(name="step_900", kind="d", mtime=5.0),
+        Entry(name="step_900.pt", kind="f", mtime=9.0),
+        Entry(name="step_800", kind="d", mtime=1.0),
+    ]
     assert choose(es).name == "step_900.pt"
     assert choose(es, refused={(9, "step_900.pt")}).name == "step_900"
     assert choose(es, refused={(8, "step_900.pt")}).name == "step_900.pt", "a newer file under a refused name is a new checkpoint"
@@ -66,7 +70,15 @@ def test_a_listing_with_newlines_in_names_is_read_whole():
 
 
 def test_pruning_picks_only_old_venvs_of_this_venv_beyond_the_newest_kept():
-    siblings = ["venv", "venv.old-20260101T000000.000000Z", "venv.old-20260102T000000.000000Z", "venv.old-20260103T000000.000000Z", "precious", "venv.incomplete-1", "venvX.old-1"]
+    siblings = [
+        "venv",
+        "venv.old-20260101T000000.000000Z",
+        "venv.old-20260102T000000.000000Z",
+        "venv.old-20260103T000000.000000Z",
+        "precious",
+        "venv.incomplete-1",
+        "venvX.old-1",
+    ]
     assert old_venvs_to_remove("/x/venv", siblings, keep=2) == ["venv.old-20260101T000000.000000Z"]
     assert old_venvs_to_remove("/x/venv", siblings, keep=5) == []
 

@@ -182,7 +182,12 @@ def test_trust_on_first_use_accepts_and_records_an_unknown_key(sshd: SSHServer, 
     known_hosts.parent.mkdir()
     known_hosts.write_text("# kept\nother.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl")
     with caplog.at_level(logging.WARNING, logger="relaunch.ssh"):
-        assert SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts), trust_on_first_use=True)).execute(Command(argv=("true",))).exit_code == 0
+        assert (
+            SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts), trust_on_first_use=True))
+            .execute(Command(argv=("true",)))
+            .exit_code
+            == 0
+        )
     lines = known_hosts.read_text().splitlines()
     assert lines[:2] == ["# kept", "other.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"]
     assert lines[2:] == [sshd.known_hosts_line().strip()]
@@ -213,7 +218,13 @@ def test_nothing_listening_raises_transport_error_quickly(sshd: SSHServer) -> No
         SSHTransport(sshd.ssh_host(port=port)).execute(Command(argv=("true",), label="probe"))
     assert time.monotonic() - start < 2
     text = str(info.value)
-    assert "cannot connect" in text and f"127.0.0.1:{port}" in text and "Connection refused" in text and "sshd listens on port" in text and "probe" in text
+    assert (
+        "cannot connect" in text
+        and f"127.0.0.1:{port}" in text
+        and "Connection refused" in text
+        and "sshd listens on port" in text
+        and "probe" in text
+    )
     assert is_transient(info.value)
 
 
@@ -269,7 +280,9 @@ def test_a_connection_lost_mid_command_raises_transport_error_and_the_next_call_
         finally:
             restarter.join(30)
         assert not problems and not restarter.is_alive(), problems
-        assert "long step" in str(info.value) and is_transient(info.value), "a dropped connection is a fault of the wire: the task retries it"
+        assert "long step" in str(info.value) and is_transient(info.value), (
+            "a dropped connection is a fault of the wire: the task retries it"
+        )
         assert transport.execute(Command(argv=("echo", "ok"))).stdout == "ok\n"
         # A command that failed on the host is an answer, not a fault of the wire: never retried.
         # (tests/test_remote_flow.py::test_a_dropped_connection_is_retried_by_prefect_and_a_failed_command_is_not
@@ -293,7 +306,13 @@ def test_commands_run_through_the_container_stand_ins(sshd: SSHServer, kind: str
     ("kind", "cid", "exit_code", "message", "described"),
     [
         ("pct", "203", 255, "Configuration file 'nodes/", "LXC container 203 does not exist"),
-        ("pct", "202", 1, "lxc-attach: 202: ../src/lxc/attach.c: lxc_attach: 1136 Failed to get init pid", "LXC container 202 is not running"),
+        (
+            "pct",
+            "202",
+            1,
+            "lxc-attach: 202: ../src/lxc/attach.c: lxc_attach: 1136 Failed to get init pid",
+            "LXC container 202 is not running",
+        ),
         ("docker", "gone", 1, "Error response from daemon: No such container: gone", "docker container gone does not exist"),
         ("docker", "stopped-trainer", 1, "Error response from daemon: container ", "is not running"),
     ],
@@ -407,7 +426,9 @@ def test_the_passphrase_can_come_from_a_prefect_secret_block_loaded_only_when_ne
 
     with pytest.raises(AuthenticationFailed) as bad:
         SSHTransport(sshd.ssh_host(key_path=str(key), passphrase_secret_block=wrong)).execute(Command(argv=("true",)))
-    assert f"cannot decrypt it with the passphrase from Secret block {wrong!r} (wrong passphrase?)" in str(bad.value) and str(key) in str(bad.value)
+    assert f"cannot decrypt it with the passphrase from Secret block {wrong!r} (wrong passphrase?)" in str(bad.value) and str(key) in str(
+        bad.value
+    )
 
     for exc in (not_there.value, bad.value):
         assert passphrase not in _full_text(exc)

@@ -69,7 +69,9 @@ def test_exit_code_is_recorded_and_a_death_ends_the_poll_at_once(made):
     assert snap.exit_code == 3 and not snap.pid_alive
     died = exit_code.stat().st_mtime  # the supervisor writes it the moment the trainer exits
     assert started < died, "the trainer must die during the poll, not before it (launch took too long?)"
-    assert returned - died < 10, f"the poll returned {returned - died:.1f} s after the death; it must end at the death, not after its {LONG_POLL} s wait"
+    assert returned - died < 10, (
+        f"the poll returned {returned - died:.1f} s after the death; it must end at the death, not after its {LONG_POLL} s wait"
+    )
     # A poll of a trainer that is already dead does not wait either.
     before = time.monotonic()
     assert collect_snapshot(t, wait_seconds=LONG_POLL).exit_code == 3
@@ -149,7 +151,9 @@ def test_rebuild_moves_old_venvs_aside_keeps_two_and_reports_drift(target):
     venvs = sorted(p.name for p in Path(target.venv_dir).parent.glob("venv*"))
     assert venvs[0] == "venv" and len([v for v in venvs if ".old-" in v]) == 2
     assert step.detail["drift"] == []
-    out = subprocess.run([f"{target.venv_dir}/bin/python", "-c", "import tinyjunk; print(tinyjunk.__version__)"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [f"{target.venv_dir}/bin/python", "-c", "import tinyjunk; print(tinyjunk.__version__)"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "0.1.0"
 
 

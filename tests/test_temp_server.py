@@ -92,11 +92,19 @@ class Runs:
         return path
 
     def start_cli(self, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
-        env = {**os.environ, "PREFECT_HOME": str(self.tmp_path / "prefect-home"), "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "INFO"}
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(self.tmp_path / "prefect-home"),
+            "DO_NOT_TRACK": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_LOGGING_LEVEL": "INFO",
+        }
         env.pop("PREFECT_API_URL", None)
         output = self.tmp_path / f"cli-{len(self.clis)}.out"
         with open(output, "wb") as out:
-            cli = subprocess.Popen([RELAUNCH, *args], env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT)
+            cli = subprocess.Popen(
+                [RELAUNCH, *args], env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, cwd=ROOT
+            )
         self.clis.append(cli)
         return cli, output
 
@@ -131,7 +139,9 @@ def _output(path: Path) -> str:
 
 def test_a_sigkilled_relaunch_leaves_no_temporary_prefect_server(runs: Runs) -> None:
     # A trainer that prints nothing stays `starting` for the whole grace period: the CLI long-polls it.
-    slow = Thresholds(startup_grace_seconds=600, poll_interval_seconds=0.5, settle_timeout_seconds=600, healthy_steps=3, stall_window_floor_seconds=600)
+    slow = Thresholds(
+        startup_grace_seconds=600, poll_interval_seconds=0.5, settle_timeout_seconds=600, healthy_steps=3, stall_window_floor_seconds=600
+    )
     path = runs.launched_target("silent", launch_command="sleep 600", thresholds=slow)
     cli, output = runs.start_cli("check", str(path))
 
@@ -142,7 +152,11 @@ def test_a_sigkilled_relaunch_leaves_no_temporary_prefect_server(runs: Runs) -> 
 
     cli.send_signal(signal.SIGKILL)  # the CLI alone, not its process group: the server must notice by itself
     cli.wait()
-    took = _wait_until(lambda: all(_dead(pid) for pid in servers), GONE_SECONDS, f"the temporary server outlived the killed CLI: {[_cmdline(p) for p in servers if not _dead(p)]}")
+    took = _wait_until(
+        lambda: all(_dead(pid) for pid in servers),
+        GONE_SECONDS,
+        f"the temporary server outlived the killed CLI: {[_cmdline(p) for p in servers if not _dead(p)]}",
+    )
     print(f"server gone {took:.2f} s after the SIGKILL")
 
 

@@ -6,9 +6,8 @@ cannot be had. Usage: python -u bus_error_trainer.py [MIB_PER_SAMPLE]
 import sys
 
 import torch
-from torch.utils.data import DataLoader, Dataset
-
 from _steps import step_line
+from torch.utils.data import DataLoader, Dataset
 
 mib = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 

@@ -11,9 +11,8 @@ import sys
 import time
 
 import torch
-from tqdm import tqdm
-
 from _steps import step_line
+from tqdm import tqdm
 
 
 def step_text(step: int) -> str:

@@ -2,6 +2,7 @@
 import os
 import sys
 import time
+
 from _steps import step_line
 
 with open(sys.argv[1], "w") as f:

@@ -10,7 +10,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
 from _steps import step_line
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
 from _steps import step_line
 
 p = argparse.ArgumentParser()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import tinyaccel  # the placement helper; a venv built from an incomplete lock lacks it
 import torch
-
 from model import TinyLM, loss_and_accuracy, synthetic_batch
 
 

@@ -4,7 +4,6 @@ import argparse
 import time
 
 import torch
-
 from model import TinyLM, loss_and_accuracy, synthetic_batch
 
 p = argparse.ArgumentParser()

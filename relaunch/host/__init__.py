@@ -1,0 +1,25 @@
+"""The bash that runs on a host, as real files: linted with shellcheck, readable, runnable by hand.
+
+Each script is sent as `bash -c TEXT label ARGS...` (one round trip, no file to copy first); values reach
+it only as arguments or as data it reads, never spliced into TEXT. `lib.sh`, the run-folder layout and
+the /proc helpers, is inlined where a script says `. ./lib.sh`.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib.resources import files
+
+INCLUDE = ". ./lib.sh"
+
+
+@functools.cache
+def host_script(name: str) -> str:
+    """The text of `relaunch/host/NAME.sh`, with lib.sh inlined; a missing name is a bug, so it raises."""
+    text = (files(__package__) / f"{name}.sh").read_text()
+    if INCLUDE in text.splitlines():
+        lib = "\n".join(
+            line for line in (files(__package__) / "lib.sh").read_text().splitlines() if not line.startswith(("#!", "# shellcheck"))
+        )
+        text = "\n".join(lib if line == INCLUDE else line for line in text.splitlines()) + "\n"
+    return text

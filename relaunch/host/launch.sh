@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# shellcheck shell=bash
+# Refuse to launch beside a live trainer or onto a half-built venv or cache; start the launcher in tmux.
+# shellcheck source=lib.sh
+. ./lib.sh
+state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7 venv=$8 cache=$9 checkpoint=${10}; shift 10
+cur=$(current_run "$state")
+pid='' pstart=''
+if [ -n "$cur" ]; then
+  read_pid "$(run_folder "$state" "$cur")/pid" pid pstart
+  if alive "$pid" "$pstart"; then echo "trainer of run $cur is alive (PID $pid): refusing to start a second one"; exit 10; fi
+fi
+if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
+[ -e "$venv/.relaunch-building" ] && { echo "venv $venv is half-built (.relaunch-building): rebuild it before launching"; exit 15; }
+[ -e "$cache/.relaunch-warming" ] && { echo "compile cache $cache is half-warmed (.relaunch-warming): warm it again before launching"; exit 16; }
+run=$(run_folder "$state" "$run_id")
+mkdir -p "$run" "$(dirname "$log")" || exit 12
+printf '%s' "$supervisor" > "$run/supervisor.sh"
+printf '%s' "$launcher" > "$run/launcher.sh"
+printf '%s\0' "$@" > "$run/spec"
+printf '%s\n' "$log" > "$run/log_path"
+printf '%s\n' "$checkpoint" > "$run/checkpoint"
+date +%s.%N > "$run/started_at"
+printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$state/current"
+# Several arguments: tmux runs them directly, with no shell in between to quote for.
+tmux new-session -d -s "$session" -x 220 -y 50 bash "$run/launcher.sh" "$run" || exit 13
+end=$(( $(date +%s) + ${wait_s%.*} ))
+until [ -e "$run/pid" ] || [ -e "$run/exit_code" ]; do
+  [ "$(date +%s)" -ge "$end" ] && { echo "no PID recorded within ${wait_s}s"; exit 14; }
+  sleep 0.05
+done
+cat "$run/pid" 2>/dev/null || echo "exited at once"

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# shellcheck shell=bash
+# One health poll: waits up to $3 ms, returns the moment the trainer dies; sections marked with a per-poll nonce.
+# shellcheck source=lib.sh
+. ./lib.sh
+state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10} logdir=${11} ckpt=${12}
+M="@@relaunch-$nonce@@"
+run_id=$(current_run "$state")
+run=$(run_folder "$state" "$run_id")
+pid='' pstart='' spid='' sstart=''
+[ -n "$run_id" ] && read_pid "$run/pid" pid pstart
+[ -n "$run_id" ] && read_pid "$run/supervisor_pid" spid sstart
+end=$(( $(date +%s%N) + wait_ms * 1000000 ))
+while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && [ "$(date +%s%N)" -lt "$end" ]; do sleep 0.05; done
+# The supervisor writes the exit code just after the trainer dies: give it a moment.
+for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  [ -e "$run/exit_code" ] && break; alive "$pid" "$pstart" && break; alive "$spid" "$sstart" || break; sleep 0.05
+done
+log=$(cat "$run/log_path" 2>/dev/null)
+now=$(date +%s.%N)
+echo "$M run_id $run_id"
+echo "$M launched $([ -n "$run_id" ] && echo 1 || echo 0)"
+echo "$M session $(tmux has-session -t "=$session" 2>/dev/null && echo 1 || echo 0)"
+echo "$M pid $pid"
+echo "$M pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
+echo "$M exit_code $(cat "$run/exit_code" 2>/dev/null)"
+echo "$M started_at $(cat "$run/started_at" 2>/dev/null)"
+echo "$M checkpoint $(cat "$run/checkpoint" 2>/dev/null)"
+echo "$M now $now"
+# A recovery that was killed mid-step leaves its marker behind: the next one must redo that step.
+unfinished=
+# A venv that is missing or still marked as building: a rebuild was cut short between its moves.
+{ [ ! -d "$venv" ] || [ -e "$venv/.relaunch-building" ]; } && unfinished="$unfinished rebuild_venv"
+[ -e "$cache/.relaunch-warming" ] && unfinished="$unfinished warm_cache"
+echo "$M unfinished$unfinished"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpu_out=$(nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits 2>&1); gpu_rc=$?
+  echo "$M gpu_rc $gpu_rc"
+  echo "$M gpu"
+  printf '%s\n' "$gpu_out" | head -64
+  # Error counters, asked separately: a driver that lacks one of these fields must not look like a failing GPU.
+  echo "$M gpu_health"
+  nvidia-smi --query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending,remapped_rows.failure \
+    --format=csv,noheader,nounits 2>/dev/null | head -64
+fi
+echo "$M disk"
+for d in "$logdir" "$ckpt" /dev/shm; do
+  [ -n "$d" ] && [ -d "$d" ] && echo "$(df -Pk -- "$d" 2>/dev/null | awk 'NR == 2 {print $4, $2}') $d"
+done
+if [ "$want_kernel" = 1 ] && ! alive "$pid" "$pstart"; then
+  # Containers often cannot read the kernel log: say so, so no one reads "no Xid line" as "no GPU fault".
+  kernel=$(dmesg 2>/dev/null) && echo "$M kernel_readable 1" || echo "$M kernel_readable 0"
+  echo "$M kernel"
+  # Only kernel lines since this launch: an older OOM kill or Xid on the host is not this run's cause.
+  since=$(awk -v now="$now" -v s="$(cat "$run/started_at" 2>/dev/null || echo 0)" '{printf "%.3f\n", s - (now - $1)}' /proc/uptime)
+  # A line without its own [stamp] continues the one before (drivers split "fallen off the bus" over lines).
+  printf '%s\n' "$kernel" | awk -v since="$since" '/^\[ *[0-9.]+\]/ { t = $0; sub(/^\[ */, "", t); split(t, a, "]"); at = a[1] + 0 } at >= since' \
+    | grep -E 'Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus|GPU is lost' | tail -n 16
+fi
+if [ -n "$log" ] && [ -f "$log" ]; then
+  size=$(stat -c %s "$log")
+  skip=$(( size > tail_bytes ? size - tail_bytes : 0 ))
+  kept=$(tail -c +$((skip + 1)) "$log" | head -c $((size - skip)) | tail -n "$tail_n" | wc -c)
+  echo "$M log_mtime $(date -r "$log" +%s.%N)"
+  echo "$M log_size $size"
+  echo "$M tail_start $((size - kept))"
+  # Fewer than tail_n line breaks in the budget: the tail starts mid-line.
+  [ "$skip" -gt 0 ] && [ "$kept" -eq $((size - skip)) ] && echo "$M tail_partial 1"
+  # The earliest failures anywhere in the log, with the frames before them, each prefixed by its byte offset.
+  echo "$M matches"
+  grep -a -b -B 12 -m 30 -E "$failure_re" -- "$log" | cut -c1-2000
+  echo "$M tail"
+  tail -c +$((size - kept + 1)) "$log" | head -c "$kept"
+  echo
+fi
+echo "$M end"
