@@ -5,6 +5,8 @@ Two ways to die: the trainer alone is SIGKILLed (the supervisor records exit cod
 whole process group and tmux session go at once (no exit code: `silent_exit` from the PID check).
 
 Usage: .venv/bin/python bench/detection_latency.py [--trials 20] [--workdir DIR]
+Median, p95 and max come from bench/stats.py (p95: nearest rank, the value at ceil(0.95*n) of n sorted;
+for fewer than 20 trials per mode that is the maximum).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import json
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
 
+from bench.stats import P95_METHOD, machine, summary  # noqa: E402
 from demo.scenarios import prepare  # noqa: E402
 from relaunch.diagnosis import Progress, advance, diagnose  # noqa: E402
 from relaunch.verdicts import Verdict  # noqa: E402
@@ -68,16 +70,6 @@ def trial(target, mode: str, rng: random.Random) -> dict:
     return {"mode": mode, "latency_seconds": round(detected["at"] - killed_at, 4), "cause": detected["cause"], "polls": detected["polls"]}
 
 
-def summary(latencies: list[float]) -> dict:
-    ordered = sorted(latencies)
-    return {
-        "n": len(ordered),
-        "median_seconds": round(statistics.median(ordered), 3),
-        "p95_seconds": round(ordered[max(0, int(round(0.95 * len(ordered))) - 1)], 3),
-        "max_seconds": round(ordered[-1], 3),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=20, help="per death mode")
@@ -89,14 +81,19 @@ def main() -> None:
     rebuild_venv.fn(target)
     warm_cache.fn(target)
     rng = random.Random(args.seed)
+    started = machine()
     results = [trial(target, mode, rng) for _ in range(args.trials) for mode in ("trainer", "group")]
-    by_mode = {m: summary([r["latency_seconds"] for r in results if r["mode"] == m]) for m in ("trainer", "group")}
+    by_mode = {m: summary([r["latency_seconds"] for r in results if r["mode"] == m], unit="seconds") for m in ("trainer", "group")}
     print(
         json.dumps(
             {
                 "what": "seconds from SIGKILL of the demo trainer to a crashed verdict; one round trip per poll, poll_interval_seconds=5",
                 "host": "local",
-                "overall": summary([r["latency_seconds"] for r in results]),
+                "machine": started,
+                "trials_per_mode": args.trials,
+                "seed": args.seed,
+                "p95_method": P95_METHOD,
+                "overall": summary([r["latency_seconds"] for r in results], unit="seconds"),
                 "by_mode": by_mode,
                 "causes": sorted({r["cause"] for r in results}),
                 "trials": results,

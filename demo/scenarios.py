@@ -17,6 +17,7 @@ from demo.wheels import build_all
 from relaunch import runlayout
 from relaunch.config import Target
 from relaunch.transport import local_env, run, transport_for
+from relaunch.verdicts import Cause, Verdict
 from tasks.health import collect_snapshot
 from tasks.launch import launch
 from tasks.stop import plan_stop
@@ -29,24 +30,24 @@ DEBUG_HACK = ("def loss_and_accuracy(", "# HACK: debugging print left in\ndef lo
 class Scenario:
     name: str
     description: str
-    expected_cause: str | None  # the cause the first attempt must name
-    expected_verdict: str
+    expected_cause: Cause | None  # the cause the first attempt must name
+    expected_verdict: Verdict
 
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
-        Scenario("healthy", "never launched; polluted venv, hacked model file, stale cache", None, "unknown"),
-        Scenario("missing-dependency", "the lock misses tinyaccel, which the trainer imports", "missing_dependency", "crashed"),
-        Scenario("fx-race", "the venv drifted to tinyattn 1.1, which FX-traces in a thread", "fx_tracing_race", "crashed"),
-        Scenario("silent-death", "the trainer and its tmux session killed after a checkpoint", "silent_exit", "crashed"),
-        Scenario("degraded", "the model file hacked to skip torch.compile: 4x slower", None, "degraded"),
-        Scenario("diverged", "launched by hand with a learning-rate spike at step 25: the loss goes nan", None, "diverged"),
+        Scenario("healthy", "never launched; polluted venv, hacked model file, stale cache", None, Verdict.UNKNOWN),
+        Scenario("missing-dependency", "the lock misses tinyaccel, which the trainer imports", Cause.MISSING_DEPENDENCY, Verdict.CRASHED),
+        Scenario("fx-race", "the venv drifted to tinyattn 1.1, which FX-traces in a thread", Cause.FX_TRACING_RACE, Verdict.CRASHED),
+        Scenario("silent-death", "the trainer and its tmux session killed after a checkpoint", Cause.SILENT_EXIT, Verdict.CRASHED),
+        Scenario("degraded", "the model file hacked to skip torch.compile: 4x slower", None, Verdict.DEGRADED),
+        Scenario("diverged", "launched by hand with a learning-rate spike at step 25: the loss goes nan", None, Verdict.DIVERGED),
         Scenario(
             "broken-checkpoint",
             "the newest checkpoint truncated (a save cut short), and the run resumed from it",
-            "broken_checkpoint",
-            "crashed",
+            Cause.BROKEN_CHECKPOINT,
+            Verdict.CRASHED,
         ),
     ]
 }

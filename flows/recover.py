@@ -14,8 +14,9 @@ from flows.common import attempt_from, publish
 from flows.outcome import emit, final_state, is_fine, run_tags, tag_flow_run
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
-from relaunch.playbook import Action, Step, choose_action, resume_constraints, steps_for
-from relaunch.report import Report, StepLine
+from relaunch.playbook import Action, choose_action, resume_constraints, steps_for
+from relaunch.report import Report
+from relaunch.steps import Step, StepRecord
 from tasks.capture_stacks import capture_stacks
 from tasks.common import log
 from tasks.health import HealthResult, check_health
@@ -30,7 +31,7 @@ from tasks.stop import stop
 from tasks.warm_cache import warm_cache
 
 
-def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepLine], str | None]:
+def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepRecord], str | None]:
     steps, run_id = [], None
     for step in steps_for(action, health.snapshot.unfinished_steps):
         if step is Step.STOP:
@@ -47,9 +48,9 @@ def run_steps(target: Target, action: Action, health: HealthResult, attempt: int
             record = capture_stacks(target, health.snapshot)
         else:
             before_step, refuse = resume_constraints(health.diagnosis)
-            run, record = launch(target, attempt, before_step=before_step, refuse=refuse)
-            run_id = run.run_id
-        steps.append(StepLine(step=record.step, seconds=record.seconds, detail=record.detail))
+            record = launch(target, attempt, before_step=before_step, refuse=refuse)
+            run_id = record.detail.run_id
+        steps.append(record)
     return steps, run_id
 
 
@@ -67,12 +68,12 @@ def recover_training(target: Target, force: bool = False) -> Report:
     with tags(*run_tags(target)):
         # Preflight only reads: it runs before the lock, so bad input creates nothing at all.
         pre = preflight(target)
-        report.preflight.append(StepLine(step=pre.step, seconds=pre.seconds, detail=pre.detail))
+        report.preflight.append(pre)
         # Server-side: one recovery per host across all workers (a no-op where no limit exists).
         # Host-side: the lock folder, which also holds with no server at all.
         with host_slot(target), target_lock(target, flow_run):
             left = stop_leftovers(target)
-            report.preflight.append(StepLine(step=left.step, seconds=left.seconds, detail=left.detail))
+            report.preflight.append(left)
             report = _recover(target, force, report)
     announce(target, report)
     return final_state(report)  # type: ignore[return-value]

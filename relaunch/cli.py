@@ -322,7 +322,7 @@ def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target Y
 
     with _errors():
         step = rollback_venv.fn(load_target(target_file))
-    print(f"restored {step.detail['restored_from']}; the replaced venv is kept as {step.detail['rolled_back_to']}")
+    print(f"restored {step.detail.restored_from}; the replaced venv is kept as {step.detail.rolled_back_to}")
 
 
 def main() -> None:

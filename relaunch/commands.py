@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from relaunch.config import Container
 from relaunch.errors import CommandTooLong
@@ -107,14 +107,6 @@ TRACK = host_script("track")
 
 def _slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label)[:60] or "command"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """An ordered list of commands a step would run: what `--dry-run` prints."""
-
-    step: str
-    commands: list[Command] = field(default_factory=list)
 
 
 def timed_out_on_host(result: Result, timeout_seconds: float) -> bool:

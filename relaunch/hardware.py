@@ -39,11 +39,11 @@ def disk_full_evidence(snap: HealthSnapshot, min_free_disk_gb: float) -> list[st
     if min_free_disk_gb <= 0:
         return []
     return [
-        f"only {_size(d.available_bytes)} free of {_size(d.size_bytes)} at {d.path} (minimum {min_free_disk_gb:g} GB): free space, then recover"
+        f"only {human_size(d.available_bytes)} free of {human_size(d.size_bytes)} at {d.path} (minimum {min_free_disk_gb:g} GB): free space, then recover"
         for d in snap.disks
         if d.path != "/dev/shm" and d.available_gb < min_free_disk_gb
     ]
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"

@@ -5,18 +5,8 @@ from __future__ import annotations
 from enum import Enum
 
 from relaunch.diagnosis import Diagnosis
+from relaunch.steps import Step
 from relaunch.verdicts import Cause, Verdict
-
-
-class Step(str, Enum):
-    # Procedure order: steps_for() runs them in this order.
-    CAPTURE_STACKS = "capture_stacks"
-    STOP = "stop"
-    REBUILD_VENV = "rebuild_venv"
-    INSTALL_PACKAGE = "install_package"
-    RESTORE_CODE = "restore_code"
-    WARM_CACHE = "warm_cache"
-    LAUNCH = "launch"
 
 
 class Action(str, Enum):

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import BaseModel, Field
 
 from relaunch.diagnosis import Metrics
 from relaunch.playbook import Action
 from relaunch.snapshot import GpuSample
+from relaunch.steps import StepRecord
 from relaunch.verdicts import Cause, Verdict
-
-
-class StepLine(BaseModel):
-    step: str
-    seconds: float
-    detail: dict[str, Any] = Field(default_factory=dict)
 
 
 class Attempt(BaseModel):
@@ -29,7 +23,7 @@ class Attempt(BaseModel):
     why: str = Field("", description="The playbook's reason for the action.")
     evidence: list[str] = Field(default_factory=list)
     metrics: Metrics = Field(default_factory=Metrics)
-    steps: list[StepLine] = Field(default_factory=list, description="Steps run for the action, with durations.")
+    steps: list[StepRecord] = Field(default_factory=list, description="Steps run for the action, with durations.")
     run_id: str | None = Field(None, description="Launch this attempt started, if any.")
 
 
@@ -43,7 +37,7 @@ class Report(BaseModel):
     started_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     finished_at: str | None = None
     attempts: list[Attempt] = Field(default_factory=list)
-    preflight: list[StepLine] = Field(default_factory=list)
+    preflight: list[StepRecord] = Field(default_factory=list)
     gpus: list[GpuSample] = Field(default_factory=list)
     message: str = Field("", description="What a person should know or do next.")
 
@@ -86,36 +80,8 @@ class Report(BaseModel):
         return "\n\n".join(p for p in parts if p)
 
 
-# Step details a person wants in the report: what drifted, where edits were saved, where it resumed.
-NOTABLE = (
-    "old_venv_drift",
-    "drift",
-    "patch",
-    "commit",
-    "checkpoint",
-    "checkpoint_why",
-    "package",
-    "cache_bytes",
-    "kept_aside",
-    "pruned",
-    "restored_from",
-    "gpus",
-    "stacks_file",
-    "top_frames",
-    "skipped",
-    "stopped",
-)
-
-
-def _notes(step: StepLine) -> str:
-    notes = []
-    for key in NOTABLE:
-        value = step.detail.get(key)
-        if value in (None, [], ""):
-            continue
-        text = "; ".join(map(str, value)) if isinstance(value, list) else str(value)
-        notes.append(f"{key}: {text}")
-    return _cell("<br>".join(notes))
+def _notes(step: StepRecord) -> str:
+    return _cell("<br>".join(step.detail.notes()))
 
 
 def _cell(text: str) -> str:

@@ -66,12 +66,12 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
             r"PytorchStreamReader failed reading zip archive|failed finding central directory|_pickle\.UnpicklingError|SafetensorError|EOFError: Ran out of input|torch/serialization\.py\", line \d+, in (?:load|_load|__init__|_open_zipfile_reader)\b"
         ),
     ),
-    # Both faces of the race: dynamo refusing while FX traces, or FX's global Module.__call__
+    # The race's faces: dynamo refusing while FX traces, FX's global Module.__call__
     # patch catching another thread's forward (seen on CPU with torch 2.13).
     (
         Cause.FX_TRACING_RACE,
         re.compile(
-            r"using FX to symbolically trace a dynamo-optimized function|fx/_symbolic_trace\.py\", line \d+, in (module_call_wrapper|call_module|path_of_module)"
+            r"using FX to symbolically trace a dynamo-optimized function|CURRENT_PATCHER is None in finally block|fx/_symbolic_trace\.py\", line \d+, in (module_call_wrapper|call_module|path_of_module|_new_patcher)"
         ),
     ),
     (Cause.MISSING_DEPENDENCY, re.compile(r"\b(ModuleNotFoundError|ImportError)\b.*|.*\bpip install\b")),

@@ -3,7 +3,8 @@
 #   Prefect server (SQLite under PREFECT_HOME) -> process work pool `relaunch` -> one global concurrency
 #   limit per host named in prefect.yaml -> the demo target prepared -> `prefect deploy --all` -> the automations of
 #   automations.yaml (scripts/automations.py) -> a worker.
-# Ctrl-C or SIGTERM stops the worker, the demo trainer (if one was launched) and the server, in that order.
+# Ctrl-C, SIGTERM or SIGHUP stops worker, demo trainer (if launched) and server, in that order: docs/operations.md,
+# "Stopping make serve".
 #
 # Settings (environment):
 #   PREFECT_HOME            default .cache/prefect-home (the server's SQLite database lives there)
@@ -37,152 +38,143 @@ export PREFECT_API_URL="http://$HOST:$PORT/api"
 PREPARE=${RELAUNCH_SERVE_PREPARE:-1}
 KEEP_TRAINER=${RELAUNCH_SERVE_KEEP_TRAINER:-0}
 mkdir -p "$PREFECT_HOME/logs" "$(dirname "$RELAUNCH_DEMO_DIR")"
-SERVER_LOG="$PREFECT_HOME/logs/serve-server.log"
-WORKER_LOG="$PREFECT_HOME/logs/serve-worker.log"
-server_pid="" worker_pid=""
+LOGS="$PREFECT_HOME/logs" STATE="$RELAUNCH_DEMO_DIR/logs/.relaunch"
+SERVE_PID="$PREFECT_HOME/serve.pid" WORKER_PID="$PREFECT_HOME/serve-worker.pid" SERVER_PID="$PREFECT_HOME/server.pid"
+TTY_OWNER=${1:-} server_pid="" worker_pid="" helper="" hurry="" trainer_left="" last_signal=0
+tty=$({ : </dev/tty; } 2>/dev/null && echo 1 || true)
 
 say() { printf '[serve] %s\n' "$*"; }
-
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
-
-# Wait (bounded) for a process we started to exit; true if it did.
-wait_exit() {
-  local pid=$1 seconds=$2 i
-  for ((i = 0; i < seconds * 5; i++)); do alive "$pid" || { wait "$pid" 2>/dev/null || true; return 0; }; sleep 0.2; done
-  return 1
+# The PID a file records, if that process still runs what it was recorded for (PIDs get reused).
+recorded() { local p; p=$(cat "$1" 2>/dev/null) && alive "$p" && tr '\0' ' ' <"/proc/$p/cmdline" | grep -q -- "$2" && echo "$p" || true; }
+# A closed terminal fails every write: what is said from then on goes to the log.
+hung_up() { [ -n "$tty" ] && ! { : </dev/tty; } 2>/dev/null; }
+# Wait (bounded) for a process to exit; true if it did.
+wait_exit() { local i; for ((i = 0; i < $2 * 5; i++)); do alive "$1" || { wait "$1" 2>/dev/null; return 0; }; sleep 0.2; done; return 1; }
+# A Prefect worker makes its first interrupt a SIGINT to itself (lost if it inherited SIGINT ignored) and its second a
+# SIGKILL of itself: so one, a bounded wait, then the second. Then the rest of its process group: a flow run it started.
+stop_worker() {
+  alive "$1" || return 0
+  kill -INT "$1" 2>/dev/null && wait_exit "$1" 3 || { kill -INT "$1" 2>/dev/null; wait_exit "$1" 10; }
+  kill -TERM -- "-$1" 2>/dev/null && sleep 1 && kill -KILL -- "-$1" 2>/dev/null
+  say "worker $1 stopped"
 }
+stop_server() { alive "$1" || return 0; kill -TERM "$1"; wait_exit "$1" 30 || kill -KILL -- "-$1"; say "server $1 stopped"; } 2>/dev/null
 
-# The demo trainer a deployment launched (tmux session relaunch-demo), stopped by its records.
+# The demo trainer a deployment launched (tmux session relaunch-demo), stopped by its records with relaunch's own host
+# script (SIGKILL after 20 s; at once in a hurry), in a session of its own: a Ctrl-C in the terminal does not cut it short.
 stop_demo_trainer() {
-  [ -d "$RELAUNCH_DEMO_DIR/logs/.relaunch" ] || return 0
-  python - <<'EOF' || true
-import os
-from relaunch.config import Target
-from relaunch.transport import run, transport_for
-from tasks.stop import plan_stop
+  [ -d "$STATE" ] || return 0
+  local seconds=${hurry:+0}
+  (cd relaunch/host && exec setsid bash stop.sh "$STATE" relaunch-demo "${seconds:-20}") >"$LOGS/serve-trainer-stop.log" 2>&1 &
+  helper=$!
+  while alive "$helper"; do wait "$helper" || true; done && helper="" # a signal ends `wait` early: its trap runs first
+  say "demo trainer: $(tail -n 1 "$LOGS/serve-trainer-stop.log")"
+  if [ -n "$hurry" ] && [ -z "$seconds" ]; then stop_demo_trainer; fi
+}
+left() { local l=""; alive "$worker_pid" && l+="worker, "; [ -z "$trainer_left" ] || l+="trainer, "; alive "$server_pid" && l+="server, "; echo "${l%, }"; }
 
-d = os.environ["RELAUNCH_DEMO_DIR"]
-target = Target(name="relaunch-demo", tmux_session="relaunch-demo", repo_dir=f"{d}/repo", venv_dir=f"{d}/venv", lock_file="x", launch_command="true", log_dir=f"{d}/logs")
-result = run(transport_for(target.host), plan_stop(target, 20), check=False)
-print("[serve] demo trainer:", (result.stdout.strip().splitlines() or ["nothing to stop"])[-1])
-EOF
+# A signal during the stop: the stop goes on, in order; a Ctrl-C or SIGTERM within 2 s of the last kills the rest now.
+again() {
+  local now=${EPOCHREALTIME//[!0-9]/} pid
+  if [ "$1" = 129 ]; then ! hung_up || exec >>"$LOGS/serve.log" 2>&1 </dev/null; return; fi
+  ((now - last_signal < 2000000)) || { last_signal=$now && say "still stopping ($(left)); press Ctrl-C again within 2 s to kill them now" && return; }
+  hurry=1 && say "killing $(left) now"
+  for pid in "$worker_pid" "$helper" "$server_pid"; do [ -z "$pid" ] || kill -KILL -- "-$pid" "$pid" 2>/dev/null; done
 }
 
 cleanup() {
-  local rc=$?
-  trap - INT TERM EXIT
-  say "stopping"
-  if alive "$worker_pid"; then
-    # A Prefect worker makes its first interrupt a SIGINT to itself (lost if it inherited SIGINT ignored)
-    # and its second a SIGKILL of itself: so one, a bounded wait, then the second.
-    kill -INT "$worker_pid" 2>/dev/null || true
-    if ! wait_exit "$worker_pid" 3; then
-      kill -INT "$worker_pid" 2>/dev/null || true
-      wait_exit "$worker_pid" 10 || kill -KILL "$worker_pid" 2>/dev/null || true
-    fi
-    say "worker $worker_pid stopped"
-  fi
-  if [ "$KEEP_TRAINER" = 1 ]; then say "leaving the demo trainer (if any) running: tmux attach -t relaunch-demo"; else stop_demo_trainer; fi
-  if alive "$server_pid"; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    wait_exit "$server_pid" 30 || kill -KILL "$server_pid" 2>/dev/null || true
-    say "server $server_pid stopped"
-  fi
+  local rc=$? f
+  set +e
+  trap 'again 130' INT && trap 'again 143' TERM && trap 'again 129' HUP
+  hung_up && exec >>"$LOGS/serve.log" 2>&1 </dev/null
+  [ "$KEEP_TRAINER" != 1 ] && [ -d "$STATE" ] && trainer_left=1
+  say "stopping ($(left))"
+  stop_worker "$worker_pid"
+  if [ "$KEEP_TRAINER" = 1 ]; then say "leaving the demo trainer (if any) running: tmux attach -t relaunch-demo"; else stop_demo_trainer; fi; trainer_left=""
+  stop_server "$server_pid"
+  jobs -pr | xargs -r kill 2>/dev/null # anything else started here and still running (a `prefect server status --wait`)
+  for f in "$SERVE_PID:$$" "$WORKER_PID:$worker_pid" "$SERVER_PID:$server_pid"; do [ "$(cat "${f%:*}")" != "${f##*:}" ] || rm -f "${f%:*}"; done 2>/dev/null
+  [ -z "$TTY_OWNER" ] || python -S -c 'import os, signal as s, sys; s.signal(s.SIGTTOU, s.SIG_IGN)
+os.tcsetpgrp(os.open("/dev/tty", os.O_RDWR), int(sys.argv[1]))' "$TTY_OWNER" 2>/dev/null
   exit "$rc"
 }
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap cleanup EXIT
 
+pid=$(recorded "$SERVE_PID" serve.sh)
+[ -z "$pid" ] || { say "make serve already runs on PREFECT_HOME=$PREFECT_HOME (pid $pid): Ctrl-C in its terminal, or kill $pid"; exit 1; }
+# Under make, Ctrl-C reaches make too, which dies at the second (the shell takes the terminal back mid-stop). So, as a
+# shell does for a job, this takes the terminal for a process group of its own (same PID: make waits; given back at the
+# end); Ctrl-Z is ignored.
+read -r pgid tpgid < <(ps -o pgid=,tpgid= -p $$)
+if [ "$tpgid" = "$pgid" ] && [ "$pgid" != $$ ]; then
+  exec python -S -c 'import os, signal as s, sys; os.setpgid(0, 0); s.signal(s.SIGTTOU, s.SIG_IGN); s.signal(s.SIGTSTP, s.SIG_IGN)
+os.tcsetpgrp(os.open("/dev/tty", os.O_RDWR), os.getpgrp()); s.signal(s.SIGTTOU, s.SIG_DFL); os.execvp("bash", ["bash", *sys.argv[1:]])' "$ROOT/scripts/serve.sh" "$pgid"
+fi
+echo $$ >"$SERVE_PID"
+trap 'exit 130' INT && trap 'exit 143' TERM && trap 'exit 129' HUP && trap cleanup EXIT
+# What an earlier `make serve` on this PREFECT_HOME left running (it was killed, or lost its terminal mid-stop).
+worker_pid=$(recorded "$WORKER_PID" "worker start") server_pid=$(recorded "$SERVER_PID" "server start")
+[ -z "$worker_pid$server_pid" ] || say "an earlier make serve left ${worker_pid:+worker $worker_pid }${server_pid:+server $server_pid }running: stopping it"
+stop_worker "$worker_pid" || true; stop_server "$server_pid" || true
 if curl -s -o /dev/null "http://$HOST:$PORT/api/health"; then
-  say "something already answers on $HOST:$PORT; set RELAUNCH_SERVE_PORT to another port"
+  pid=$(ss -Hltnp "sport = :$PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2)
+  say "something else answers on $HOST:$PORT${pid:+ (pid $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -c1-100))}: stop it, or set RELAUNCH_SERVE_PORT"
   exit 1
 fi
 
-# Own sessions: a Ctrl-C in the terminal reaches only this script, which stops the rest in order.
-say "starting the Prefect server on $HOST:$PORT (PREFECT_HOME=$PREFECT_HOME, log: $SERVER_LOG)"
+say "starting the Prefect server on $HOST:$PORT (PREFECT_HOME=$PREFECT_HOME, log: $LOGS/serve-server.log)"
+# Not `prefect server start --background`: 3.9.1 gives the server pipes to the CLI, which exits (its log is lost), and the
+# terminal's Ctrl-C. So: a session of its own, a log file, and its PID in Prefect's server.pid (for `prefect server stop`).
 # Concurrency leases (the per-host slots, the nightly deployment's slot) on disk under PREFECT_HOME, not in
 # the server's memory: a server restart then neither strands a held slot nor fails its holder's renewal.
 PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=${PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE:-prefect.server.concurrency.lease_storage.filesystem} \
-  setsid prefect server start --host "$HOST" --port "$PORT" >"$SERVER_LOG" 2>&1 &
-server_pid=$!
-say "server pid $server_pid"
-for ((i = 0; i < 900; i++)); do
-  curl -sf "$PREFECT_API_URL/health" >/dev/null 2>&1 && break
-  alive "$server_pid" || { say "the server exited:"; tail -n 20 "$SERVER_LOG"; exit 1; }
-  sleep 0.2
-done
-curl -sf "$PREFECT_API_URL/health" >/dev/null || { say "the server did not answer within 180 s"; exit 1; }
+  setsid prefect server start --host "$HOST" --port "$PORT" >"$LOGS/serve-server.log" 2>&1 &
+server_pid=$! && echo "$server_pid" >"$SERVER_PID" && say "server pid $server_pid"
+prefect server status --wait --timeout 180 >/dev/null 2>&1 &
+# Whichever ends first: `status --wait` would not notice a server that exits.
+if ! wait -n "$server_pid" $! || ! alive "$server_pid"; then
+  alive "$server_pid" && say "the server did not answer within 180 s" || { say "the server exited:"; tail -n 20 "$LOGS/serve-server.log"; }
+  exit 1
+fi
 say "server healthy"
 
 if [ "$PREPARE" = 1 ]; then stop_demo_trainer; fi
-
-# Work pool, one concurrency limit per host named in prefect.yaml, the demo target: one Python process.
-RELAUNCH_SERVE_PREPARE=$PREPARE python - <<'EOF'
-import asyncio
-import os
-from pathlib import Path
-from types import SimpleNamespace
-
-import yaml
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
-from prefect.exceptions import ObjectAlreadyExists
-from prefect.workers.process import ProcessWorker
-
+# The demo target prepared (output on stderr); on fd 3, the limit name of each host a deployment's target(s) name.
+limits=$(python - "$PREPARE" 3>&1 1>&2 <<'EOF'
+import os, sys, types, yaml
 from flows.recover import host_limit_name
 from relaunch.config import Host
-
-
-def hosts() -> set[str]:
-    """Every host a deployment in prefect.yaml names (a target's or a fleet's targets')."""
-    spec = yaml.safe_load(Path("prefect.yaml").read_text())
-    names = set()
-    for dep in spec.get("deployments") or []:
-        params = dep.get("parameters") or {}
-        for target in [params.get("target")] + list(params.get("targets") or []):
-            if isinstance(target, dict):
-                names.add(host_limit_name(SimpleNamespace(host=Host.model_validate(target.get("host") or {}))))
-    return names
-
-
-async def setup() -> None:
-    async with get_client() as client:
-        try:
-            await client.create_work_pool(WorkPoolCreate(name="relaunch", type="process", base_job_template=ProcessWorker.get_default_base_job_template()))
-            print("[serve] work pool 'relaunch' (process) created")
-        except ObjectAlreadyExists:
-            print("[serve] work pool 'relaunch' exists")
-        for name in sorted(hosts()):
-            try:
-                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-                print(f"[serve] concurrency limit {name} = 1 created")
-            except ObjectAlreadyExists:
-                print(f"[serve] concurrency limit {name} exists")
-
-
-if os.environ["RELAUNCH_SERVE_PREPARE"] == "1":
-    from demo.scenarios import prepare
-
-    prepare("healthy", Path(os.environ["RELAUNCH_DEMO_DIR"]))
-asyncio.run(setup())
+if sys.argv[1] == "1":
+    __import__("demo.scenarios").scenarios.prepare("healthy", __import__("pathlib").Path(os.environ["RELAUNCH_DEMO_DIR"]))
+params = [d.get("parameters") or {} for d in yaml.safe_load(open("prefect.yaml")).get("deployments") or []]
+targets = [t for p in params for t in [p.get("target"), *(p.get("targets") or [])] if isinstance(t, dict)]
+names = {host_limit_name(types.SimpleNamespace(host=Host.model_validate(t.get("host") or {}))) for t in targets}
+os.write(3, " ".join(sorted(names)).encode())
 EOF
+)
+# Not `--overwrite`: on an existing pool 3.9.1 resets every field, which resumes a paused pool and clears a limit set
+# with `prefect work-pool set-concurrency-limit`. An existing pool is left as it is.
+out=$(prefect work-pool create relaunch --type process 2>&1) || grep -q "already exists" <<<"$out" || { echo "$out"; exit 1; }
+say "work pool 'relaunch' (process) $(grep -q "already exists" <<<"$out" && echo exists || echo created)"
+for name in $limits; do
+  prefect gcl update "$name" --limit 1 >/dev/null 2>&1 || prefect gcl create "$name" --limit 1 >/dev/null; say "concurrency limit $name = 1"
+done
 
 say "deploying prefect.yaml"
 # `prefect deploy` resumes a deployment paused as a whole: note what is paused now, pause it again after.
 python scripts/automations.py save-paused | sed 's/^/[serve] /'
-prefect deploy --all >"$PREFECT_HOME/logs/serve-deploy.log" 2>&1 || { tail -n 30 "$PREFECT_HOME/logs/serve-deploy.log"; exit 1; }
-grep -o "Deployment '[^']*' successfully created" "$PREFECT_HOME/logs/serve-deploy.log" | sed 's/^/[serve] /'
+prefect deploy --all >"$LOGS/serve-deploy.log" 2>&1 || { tail -n 30 "$LOGS/serve-deploy.log"; exit 1; }
+grep -o "Deployment '[^']*' successfully created" "$LOGS/serve-deploy.log" | sed 's/^/[serve] /'
 # Re-pause, then the notification block (RELAUNCH_NOTIFY_URL) and the automations of automations.yaml.
 python scripts/automations.py sync | sed 's/^/[serve] /'
 
-say "starting a worker on pool 'relaunch' (log: $WORKER_LOG)"
-setsid prefect worker start --pool relaunch --type process >"$WORKER_LOG" 2>&1 &
-worker_pid=$!
-say "worker pid $worker_pid"
+say "starting a worker on pool 'relaunch' (log: $LOGS/serve-worker.log)"
+setsid prefect worker start --pool relaunch --type process >"$LOGS/serve-worker.log" 2>&1 &
+worker_pid=$! && echo "$worker_pid" >"$WORKER_PID" && say "worker pid $worker_pid"
+# No CLI command waits for a worker: ask the API until it lists one ONLINE.
 for ((i = 0; i < 600; i++)); do
   curl -sf -X POST -H 'Content-Type: application/json' -d '{}' "$PREFECT_API_URL/work_pools/relaunch/workers/filter" 2>/dev/null | grep -q '"status":"ONLINE"' && break
-  alive "$worker_pid" || { say "the worker exited:"; tail -n 20 "$WORKER_LOG"; exit 1; }
+  alive "$worker_pid" || { say "the worker exited:"; tail -n 20 "$LOGS/serve-worker.log"; exit 1; }
   sleep 0.2
 done
 
@@ -193,12 +185,12 @@ cat <<EOF
 [serve]   export PREFECT_API_URL=$PREFECT_API_URL
 [serve]   prefect deployment run 'recover-training/demo' --watch
 [serve]   prefect deployment run 'check-training/nightly-demo' --watch     (also every night at 03:00 UTC)
-[serve]   worker log: tail -f $WORKER_LOG
-[serve] Ctrl-C stops worker, demo trainer and server
+[serve]   worker log: tail -f $LOGS/serve-worker.log
+[serve] Ctrl-C stops worker, demo trainer and server, in that order
 EOF
 
-# Until a signal, or until the server or the worker dies on its own.
-set +e
-wait -n "$server_pid" "$worker_pid"
+# Until a signal, the server or the worker exiting, or the terminal closing: that signals only its session's leader
+# (a shell passes it on to make's process group, not this one; make passes nothing on).
+while alive "$server_pid" && alive "$worker_pid"; do hung_up && exit 129; sleep 1; done
 say "$(alive "$server_pid" && echo worker || echo server) exited on its own"
 exit 1

@@ -15,7 +15,8 @@ from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
 from relaunch.snapshot import HealthSnapshot
-from tasks.common import StepRecord, execute, log, step_task, timed
+from relaunch.steps import StacksDetail, Step, StepRecord
+from tasks.common import execute, log, step_task, timed
 from tasks.rebuild_venv import installer_flags
 
 TOP_FRAMES = 3
@@ -56,8 +57,9 @@ def gpu_side(snap: HealthSnapshot) -> str:
 
 @step_task("capture_stacks", retries=0)
 def capture_stacks(target: Target, snapshot: HealthSnapshot) -> StepRecord:
-    with timed("capture_stacks") as detail:
-        detail["gpus"] = gpu_side(snapshot)
+    detail = StacksDetail()
+    with timed() as clock:
+        detail.gpus = gpu_side(snapshot)
         found = execute(
             target,
             script(
@@ -71,8 +73,8 @@ def capture_stacks(target: Target, snapshot: HealthSnapshot) -> StepRecord:
             check=False,
         )
         if found.exit_code != 0:
-            detail["skipped"] = (found.stdout.strip() or found.stderr.strip())[-300:]
-            log().warning("no stacks for the hung run of %s: %s; stopping it anyway", target.name, detail["skipped"])
+            detail.skipped = (found.stdout.strip() or found.stderr.strip())[-300:]
+            log().warning("no stacks for the hung run of %s: %s; stopping it anyway", target.name, detail.skipped)
         else:
             path = f"{target.state_path}/stacks/{utc_stamp()}.txt"
             dump = execute(
@@ -80,9 +82,9 @@ def capture_stacks(target: Target, snapshot: HealthSnapshot) -> StepRecord:
                 script(DUMP, found.stdout.strip().splitlines()[-1], target.state_path, path, label="py-spy dump", timeout_seconds=300),
                 check=False,
             )
-            detail["stacks_file"] = path if dump.exit_code == 0 else None
-            detail["top_frames"] = top_frames(dump.stdout)
-            if dump.exit_code != 0 or not detail["top_frames"]:
-                detail["skipped"] = f"py-spy could not read the stacks: {(dump.stdout + dump.stderr).strip()[-300:]}"
-                log().warning("%s; stopping the hung run anyway", detail["skipped"])
-    return StepRecord(step="capture_stacks", seconds=detail.pop("seconds"), detail=detail)
+            detail.stacks_file = path if dump.exit_code == 0 else None
+            detail.top_frames = top_frames(dump.stdout)
+            if dump.exit_code != 0 or not detail.top_frames:
+                detail.skipped = f"py-spy could not read the stacks: {(dump.stdout + dump.stderr).strip()[-300:]}"
+                log().warning("%s; stopping the hung run anyway", detail.skipped)
+    return StepRecord(step=Step.CAPTURE_STACKS, seconds=clock.seconds, detail=detail)

@@ -11,7 +11,6 @@ from uuid import UUID
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
-from pydantic import BaseModel, Field
 
 from relaunch.commands import Command, Result
 from relaunch.config import Target
@@ -19,12 +18,6 @@ from relaunch.errors import is_transient
 from relaunch.transport import run, transport_for
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class StepRecord(BaseModel):
-    step: str
-    seconds: float = Field(description="Wall time of the step.")
-    detail: dict[str, Any] = Field(default_factory=dict, description="What the step found or did.")
 
 
 def retry_transient_only(task: Any, task_run: Any, state: Any) -> bool:
@@ -61,13 +54,17 @@ def log() -> Any:
         return logging.getLogger("relaunch")
 
 
+class Clock:
+    """Wall time of a step, set when its `with timed()` block ends."""
+
+    seconds: float = 0.0
+
+
 @contextmanager
-def timed(step: str) -> Iterator[dict[str, Any]]:
-    """Yield a detail dict to fill; the record is built by the caller from `seconds`."""
-    detail: dict[str, Any] = {}
-    start = time.monotonic()
-    yield detail
-    detail["seconds"] = round(time.monotonic() - start, 3)
+def timed() -> Iterator[Clock]:
+    clock, start = Clock(), time.monotonic()
+    yield clock
+    clock.seconds = round(time.monotonic() - start, 3)
 
 
 def artifact_key(*parts: str) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from relaunch.commands import Command
 from relaunch.config import Target
-from tasks.common import StepRecord, execute, log, step_task, timed
+from relaunch.steps import InstallDetail, Step, StepRecord
+from tasks.common import execute, log, step_task, timed
 from tasks.leftovers import tracked
 from tasks.rebuild_venv import installer_flags
 
@@ -23,12 +24,12 @@ def plan_install(target: Target, package: str) -> Command:
 
 @step_task("install_package")
 def install_package(target: Target, package: str) -> StepRecord:
-    with timed("install_package") as detail:
+    with timed() as clock:
         out = execute(
             target,
             plan_install(target, package),
             advice=f"{package} is not installable from the configured indexes; add an index or find-links, or fix the name",
         ).stderr
-        detail.update(package=package, output=out.strip().splitlines()[-3:])
+        detail = InstallDetail(package=package, output=out.strip().splitlines()[-3:])
         log().warning("installed %s into %s; add it to %s so the next rebuild keeps it", package, target.venv_dir, target.lock_file)
-    return StepRecord(step="install_package", seconds=detail.pop("seconds"), detail=detail)
+    return StepRecord(step=Step.INSTALL_PACKAGE, seconds=clock.seconds, detail=detail)

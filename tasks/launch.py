@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
 from relaunch.checkpoints import Choice, choose, parse_listing
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import log_path, new_run_id, trainer_command, trainer_spec
-from tasks.common import StepRecord, execute, log, step_task, timed
+from relaunch.steps import LaunchDetail, Step, StepRecord
+from tasks.common import execute, log, step_task, timed
 
 LAUNCH, LAUNCHER, SUPERVISOR = host_script("launch"), host_script("launcher"), host_script("supervisor")
 PID_WAIT_SECONDS = 30
@@ -18,15 +17,6 @@ PID_WAIT_SECONDS = 30
 # that failed to load are recorded (mtime and name) in the state folder (appended first when one is refused now)
 # and listed as `S NAME` records: they are skipped, never renamed or deleted.
 LIST_CHECKPOINTS = host_script("list_checkpoints")
-
-
-class RunRecord(BaseModel):
-    run_id: str
-    log_path: str
-    pid: int | None
-    checkpoint: str | None
-    checkpoint_why: str = Field("", description="Why this checkpoint (or none) was chosen, and what was skipped.")
-    command: str
 
 
 def skipped_path(target: Target) -> str:
@@ -65,9 +55,9 @@ def describe(choice: Choice) -> str:
 
 
 @step_task("launch")
-def launch(target: Target, attempt: int, before_step: int | None = None, refuse: str | None = None) -> tuple[RunRecord, StepRecord]:
+def launch(target: Target, attempt: int, before_step: int | None = None, refuse: str | None = None) -> tuple[LaunchDetail, StepRecord]:
     """Launch from the newest usable checkpoint; `before_step` and `refuse` rule out ones the last failure makes suspect."""
-    with timed("launch") as detail:
+    with timed() as clock:
         listing = plan_list_checkpoints(target, refuse)
         choice = pick_checkpoint(target, execute(target, listing).stdout if listing else None, before_step)
         if choice.name is None and target.checkpoint_dir:
@@ -79,8 +69,7 @@ def launch(target: Target, attempt: int, before_step: int | None = None, refuse:
             target, command, advice="another trainer may be running, a venv or cache is half-built, or tmux failed: see the output"
         ).stdout.split()
         pid = int(out[0]) if out and out[0].isdigit() else None
-        record = RunRecord(
+        detail = LaunchDetail(
             run_id=run_id, log_path=log_path(target, run_id), pid=pid, checkpoint=checkpoint, checkpoint_why=describe(choice), command=text
         )
-        detail.update(record.model_dump())
-    return record, StepRecord(step="launch", seconds=detail.pop("seconds"), detail=detail)
+    return detail, StepRecord(step=Step.LAUNCH, seconds=clock.seconds, detail=detail)

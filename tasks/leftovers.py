@@ -14,7 +14,8 @@ from dataclasses import replace
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
-from tasks.common import StepRecord, execute, log, step_task, timed
+from relaunch.steps import LeftoversDetail, Step, StepRecord
+from tasks.common import execute, log, step_task, timed
 
 REAP = host_script("reap_leftovers")
 
@@ -40,9 +41,10 @@ def plan_reap(target: Target, timeout_seconds: int = 20) -> Command:
 
 @step_task("stop_leftovers")
 def stop_leftovers(target: Target) -> StepRecord:
-    with timed("stop_leftovers") as detail:
+    detail = LeftoversDetail()
+    with timed() as clock:
         out = execute(target, plan_reap(target), advice="stop the listed PIDs by hand, then run again").stdout
-        detail["stopped"] = [line for line in out.splitlines() if line.startswith("stopping ")]
-        for line in detail["stopped"]:
+        detail.stopped = [line for line in out.splitlines() if line.startswith("stopping ")]
+        for line in detail.stopped:
             log().warning("%s", line)
-    return StepRecord(step="stop_leftovers", seconds=detail.pop("seconds"), detail=detail)
+    return StepRecord(step=Step.STOP_LEFTOVERS, seconds=clock.seconds, detail=detail)

@@ -6,7 +6,8 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import PreflightFailed
 from relaunch.host import host_script
-from tasks.common import StepRecord, execute, step_task, timed
+from relaunch.steps import PreflightDetail, Step, StepRecord
+from tasks.common import execute, step_task, timed
 
 PREFLIGHT = host_script("preflight")
 
@@ -35,9 +36,9 @@ def problems_in(stdout: str) -> list[str]:
 
 @step_task("preflight")
 def preflight(target: Target) -> StepRecord:
-    with timed("preflight") as detail:
+    with timed() as clock:
         result = execute(target, plan_preflight(target))
         problems = problems_in(result.stdout)
         if problems:
             raise PreflightFailed(target.host.label, problems)
-    return StepRecord(step="preflight", seconds=detail["seconds"], detail={"problems": 0})
+    return StepRecord(step=Step.PREFLIGHT, seconds=clock.seconds, detail=PreflightDetail())

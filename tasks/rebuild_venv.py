@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import PurePosixPath
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
-from tasks.common import Progress, StepRecord, artifact_key, execute, log, step_task, timed
+from relaunch.steps import RebuildDetail, Step, StepRecord
+from tasks.common import Progress, artifact_key, execute, log, step_task, timed
 from tasks.leftovers import tracked
 
 BUILDING_MARKER = ".relaunch-building"
@@ -83,17 +86,24 @@ def prune(target: Target, plan: dict[str, Command]) -> list[str]:
 
 
 def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return canonicalize_name(name)
 
 
 def parse_pins(text: str) -> dict[str, str]:
-    """`name==version` lines of a lock or a freeze, names normalised; comments and options skipped."""
+    """`name==version` lines of a lock or a freeze, names normalised; comments, options and unpinned lines skipped."""
     pins = {}
     for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line and not line.startswith("-"):
-            name, version = line.split("==", 1)
-            pins[_norm(name.split("[")[0])] = version.split(";")[0].strip()
+        # A comment, a pip option line (`-e`, `--index-url`), a line's `--hash` options, a continuation backslash.
+        line = line.split("#", 1)[0].split(" --", 1)[0].strip().rstrip("\\").strip()
+        if not line or line.startswith("-"):
+            continue
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        specs = list(req.specifier)
+        if len(specs) == 1 and specs[0].operator in ("==", "==="):
+            pins[_norm(req.name)] = specs[0].version
     return pins
 
 
@@ -110,17 +120,18 @@ def rebuild_venv(target: Target) -> StepRecord:
     stamp = utc_stamp()
     plan = plan_rebuild(target, stamp)
     progress = Progress(artifact_key(target.name, "rebuild-venv"), "rebuilding the venv")
-    with timed("rebuild_venv") as detail:
+    detail = RebuildDetail()
+    with timed() as clock:
         lock = parse_pins(execute(target, Command(("cat", target.lock_path), label="read lock")).stdout)
         # What was wrong with the venv being replaced: the incident's drift (transformers 5.8.1
         # instead of 5.6.0) is exactly this list. A venv that cannot be frozen reports nothing.
         before = execute(target, plan["freeze"], check=False)
-        detail["old_venv_drift"] = drift(lock, parse_pins(before.stdout)) if before.exit_code == 0 else []
-        if detail["old_venv_drift"]:
-            log().warning("the venv being replaced differed from the lock: %s", "; ".join(detail["old_venv_drift"]))
+        detail.old_venv_drift = drift(lock, parse_pins(before.stdout)) if before.exit_code == 0 else []
+        if detail.old_venv_drift:
+            log().warning("the venv being replaced differed from the lock: %s", "; ".join(detail.old_venv_drift))
         progress.update(5, "moving the old venv aside")
         aside = execute(target, plan["move_aside"]).stdout.strip() or "none"
-        detail["old_venv"] = aside
+        detail.old_venv = aside
         try:
             progress.update(15, "creating a fresh venv")
             execute(target, plan["create"], advice="check that uv and the python interpreter exist on the host")
@@ -128,8 +139,8 @@ def rebuild_venv(target: Target) -> StepRecord:
             execute(target, plan["install"], advice="the lock cannot be installed as pinned: fix the lock or the package indexes")
             progress.update(80, "comparing installed versions with the lock")
             installed = parse_pins(execute(target, plan["freeze"]).stdout)
-            detail["drift"] = drift(lock, installed)
-            detail["packages"] = len(installed)
+            detail.drift = drift(lock, installed)
+            detail.packages = len(installed)
             if target.import_check:
                 progress.update(90, "import-checking " + ", ".join(target.import_check))
                 execute(target, plan["import_check"], advice="a key module does not import in the fresh venv: the lock is incomplete")
@@ -137,8 +148,8 @@ def rebuild_venv(target: Target) -> StepRecord:
         except Exception:
             execute(target, script(PUT_BACK, target.venv_dir, aside, stamp, label="put the old venv back"), check=False)
             raise
-        detail["pruned"] = prune(target, plan)
-        if detail["drift"]:
-            log().warning("venv differs from the lock: %s", "; ".join(detail["drift"]))
-        progress.update(100, f"venv ready ({detail['packages']} packages)")
-    return StepRecord(step="rebuild_venv", seconds=detail.pop("seconds"), detail=detail)
+        detail.pruned = prune(target, plan)
+        if detail.drift:
+            log().warning("venv differs from the lock: %s", "; ".join(detail.drift))
+        progress.update(100, f"venv ready ({detail.packages} packages)")
+    return StepRecord(step=Step.REBUILD_VENV, seconds=clock.seconds, detail=detail)

@@ -6,7 +6,8 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
-from tasks.common import StepRecord, execute, step_task, timed
+from relaunch.steps import RestoreDetail, Step, StepRecord
+from tasks.common import execute, step_task, timed
 
 RESTORE = host_script("restore")
 
@@ -19,11 +20,12 @@ def plan_restore(target: Target, stamp: str | None = None) -> Command:
 
 @step_task("restore_code")
 def restore_code(target: Target) -> StepRecord:
-    with timed("restore_code") as detail:
+    detail = RestoreDetail()
+    with timed() as clock:
         if not target.restore_paths:
-            detail["skipped"] = "no restore_paths configured"
+            detail.skipped = "no restore_paths configured"
         else:
             out = execute(target, plan_restore(target), advice="check the repo on the host; nothing was restored").stdout
             fields = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
-            detail.update(commit=fields.get("ref"), head=fields.get("head"), patch=fields.get("saved"), paths=target.restore_paths)
-    return StepRecord(step="restore_code", seconds=detail.pop("seconds"), detail=detail)
+            detail = RestoreDetail(commit=fields.get("ref"), head=fields.get("head"), patch=fields.get("saved"), paths=target.restore_paths)
+    return StepRecord(step=Step.RESTORE_CODE, seconds=clock.seconds, detail=detail)

@@ -10,7 +10,8 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
-from tasks.common import StepRecord, execute, log, step_task, timed
+from relaunch.steps import RollbackDetail, Step, StepRecord
+from tasks.common import execute, log, step_task, timed
 from tasks.lock import target_lock
 
 # Refuse under a live trainer (it has the venv's files open); otherwise swap, putting the current one back on failure.
@@ -30,14 +31,15 @@ def parse_rollback(stdout: str) -> dict[str, str | None]:
 @step_task("rollback_venv")
 def rollback_venv(target: Target) -> StepRecord:
     """Put the previous venv back (under the target lock, so never during a recovery); keep the current one aside."""
-    with timed("rollback_venv") as detail, target_lock(target, "rollback-venv"):
+    detail = RollbackDetail()
+    with timed() as clock, target_lock(target, "rollback-venv"):
         out = execute(
             target,
             plan_rollback(target, utc_stamp()),
             advice="see the output: stop the trainer first, or there is no previous venv kept aside",
         ).stdout
-        detail.update(parse_rollback(out))
+        detail = RollbackDetail(**parse_rollback(out))
         log().warning(
-            "venv %s rolled back to %s; the replaced one is kept as %s", target.venv_dir, detail["restored_from"], detail["rolled_back_to"]
+            "venv %s rolled back to %s; the replaced one is kept as %s", target.venv_dir, detail.restored_from, detail.rolled_back_to
         )
-    return StepRecord(step="rollback_venv", seconds=detail.pop("seconds"), detail=detail)
+    return StepRecord(step=Step.ROLLBACK_VENV, seconds=clock.seconds, detail=detail)

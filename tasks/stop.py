@@ -5,7 +5,8 @@ from __future__ import annotations
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
-from tasks.common import StepRecord, execute, step_task, timed
+from relaunch.steps import Step, StepRecord, StopDetail
+from tasks.common import execute, step_task, timed
 
 STOP_TIMEOUT_SECONDS = 60
 
@@ -23,7 +24,8 @@ def plan_stop(target: Target, timeout_seconds: int = STOP_TIMEOUT_SECONDS) -> Co
 
 @step_task("stop")
 def stop(target: Target) -> StepRecord:
-    with timed("stop") as detail:
+    detail = StopDetail()
+    with timed() as clock:
         result = execute(target, plan_stop(target), advice="stop the trainer by hand (tmux kill-session; kill its PID) and run again")
-        detail["output"] = result.stdout.strip().splitlines()[-3:]
-    return StepRecord(step="stop", seconds=detail.pop("seconds"), detail=detail)
+        detail.output = result.stdout.strip().splitlines()[-3:]
+    return StepRecord(step=Step.STOP, seconds=clock.seconds, detail=detail)

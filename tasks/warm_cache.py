@@ -14,7 +14,8 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import trainer_env, utc_stamp
-from tasks.common import Progress, StepRecord, artifact_key, execute, log, step_task, timed
+from relaunch.steps import Step, StepRecord, WarmDetail
+from tasks.common import Progress, artifact_key, execute, log, step_task, timed
 from tasks.leftovers import tracked
 
 WARMUP_TIMEOUT_SECONDS = 3 * 3600
@@ -84,14 +85,14 @@ def foreign_entries(kind: str, entries: list[str]) -> list[str]:
     return [name for name in entries if not CACHE_ENTRY.match(name)]
 
 
-def clear_cache(target: Target, plan: dict[str, Command], detail: dict) -> None:
+def clear_cache(target: Target, plan: dict[str, Command], detail: WarmDetail) -> None:
     aside, before, kind, entries = parse_aside(execute(target, plan["clear"]).stdout)
-    detail["cleared_bytes"] = before
+    detail.cleared_bytes = before
     if aside is None:
         return
     foreign = foreign_entries(kind, entries)
     if foreign:
-        detail["kept_aside"] = aside
+        detail.kept_aside = aside
         log().warning(
             "the old cache %s held %d entries that are not compile cache (%s): kept as %s, remove it yourself when sure",
             target.inductor_cache_dir,
@@ -107,14 +108,15 @@ def clear_cache(target: Target, plan: dict[str, Command], detail: dict) -> None:
 def warm_cache(target: Target) -> StepRecord:
     plan = plan_warm(target, utc_stamp())
     progress = Progress(artifact_key(target.name, "warm-cache"), "warming the compile cache")
-    with timed("warm_cache") as detail:
+    detail = WarmDetail()
+    with timed() as clock:
         progress.update(5, f"clearing {target.inductor_cache_dir}")
         clear_cache(target, plan, detail)
         if target.warmup_command:
             progress.update(20, "compiling every kernel once, single-threaded (forward and backward)")
             out = execute(target, plan["warm"], advice="the warm-up failed: run the warm-up command by hand in the venv to see why").stdout
-            detail["warmup_output"] = out.strip().splitlines()[-3:]
+            detail.warmup_output = out.strip().splitlines()[-3:]
         execute(target, plan["done"])
-        detail["cache_bytes"] = int(execute(target, plan["size"]).stdout.strip() or 0)
-        progress.update(100, f"cache warm: {detail['cache_bytes'] / 1e6:.1f} MB")
-    return StepRecord(step="warm_cache", seconds=detail.pop("seconds"), detail=detail)
+        detail.cache_bytes = int(execute(target, plan["size"]).stdout.strip() or 0)
+        progress.update(100, f"cache warm: {detail.cache_bytes / 1e6:.1f} MB")
+    return StepRecord(step=Step.WARM_CACHE, seconds=clock.seconds, detail=detail)

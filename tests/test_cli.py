@@ -143,4 +143,5 @@ def test_the_demo_writes_its_target_file_and_says_how_to_check_it(home):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     target = home / "demo" / "healthy" / "target.yaml"
     assert target.exists() and f"check {target}" in result.stdout and f"stop {target}" in result.stdout
+    assert result.stdout.startswith("attempt 1: unknown -> full_recovery") and "verdict: healthy" in result.stdout, result.stdout
     assert typed(["check", str(target)], home).returncode == 1, "the demo stopped its trainer at the end"

@@ -263,7 +263,7 @@ def leftovers(target: Target) -> list[int]:
 
 
 def stopped_leftovers(report: Report) -> list[str]:
-    return next(s.detail["stopped"] for s in report.preflight if s.step == "stop_leftovers")
+    return next(s.detail.stopped for s in report.preflight if s.step == "stop_leftovers")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,8 +384,8 @@ def test_checkpoints_are_never_modified_or_deleted_by_a_recovery_that_resumes_fr
     t, report = recovered.target, recovered.report
     assert report.verdict is Verdict.HEALTHY, report.timeline()
     detail = launch_detail(report)
-    assert detail["checkpoint"] == f"{t.checkpoint_dir}/step_600"
-    assert "step=601 " in Path(detail["log_path"]).read_text(), "the trainer really resumed from the checkpoint"
+    assert detail.checkpoint == f"{t.checkpoint_dir}/step_600"
+    assert "step=601 " in Path(detail.log_path).read_text(), "the trainer really resumed from the checkpoint"
     assert tree(Path(t.checkpoint_dir)) == recovered.checkpoints_before
     stop.fn(t)
     assert live_trainers(t) == []

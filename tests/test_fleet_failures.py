@@ -24,6 +24,7 @@ import pytest
 from flows.recover import recover_training
 from relaunch.config import Target, Thresholds
 from relaunch.diagnosis import diagnose
+from relaunch.hardware import human_size
 from relaunch.playbook import Action
 from relaunch.report import Report
 from relaunch.verdicts import Cause, Verdict
@@ -418,7 +419,7 @@ def test_a_disk_that_filled_under_the_trainer_is_escalated_and_its_checkpoints_a
             assert (first.verdict, first.cause, first.action) == (Verdict.CRASHED, Cause.DISK_FULL, Action.ESCALATE), told(report)
             free = os.statvfs(small)
             assert free.f_bavail * free.f_frsize < 0.0005e9
-            assert first.evidence[0].startswith(f"only {free.f_bavail * free.f_frsize / 1e9:.2f} GB free of "), told(report)
+            assert first.evidence[0].startswith(f"only {human_size(free.f_bavail * free.f_frsize)} free of "), told(report)
             assert f"at {small} (minimum 0.0005 GB)" in first.evidence[0], told(report)
             assert runs(t) == [run], "never relaunched into the full disk"
             assert tree(small) == before, "no checkpoint touched, the partial one included"

@@ -115,7 +115,7 @@ def test_a_cache_dir_that_links_to_the_checkpoints_is_moved_aside_and_nothing_be
     Path(t.inductor_cache_dir).symlink_to(t.checkpoint_dir)
     step = warm_cache.fn(t)
     assert tree(Path(t.checkpoint_dir)) == before
-    kept = Path(step.detail["kept_aside"])
+    kept = Path(step.detail.kept_aside)
     assert kept.is_symlink() and kept.resolve() == Path(t.checkpoint_dir).resolve()
     assert Path(t.inductor_cache_dir).is_dir() and not Path(t.inductor_cache_dir).is_symlink()
 
@@ -132,7 +132,7 @@ def test_a_cache_holding_files_that_are_not_compile_cache_is_kept_aside_whole(ma
     (cache / "ab" / "cab.so").write_text("kernel")
     (cache / "my-notes.txt").write_text("not a kernel")
     step = warm_cache.fn(t)
-    kept = Path(step.detail["kept_aside"])
+    kept = Path(step.detail.kept_aside)
     assert (kept / "my-notes.txt").read_text() == "not a kernel" and (kept / "ab" / "cab.so").exists()
     assert not (cache / "ab").exists()
 
@@ -169,7 +169,7 @@ def test_pruning_removes_only_old_venvs_by_their_exact_names(made, tmp_path):
     (parent / "precious" / "data").write_text("irreplaceable")
     subprocess.run(["uv", "venv", "-q", "--python", t.python, t.venv_dir], check=True)
     step = rebuild_venv.fn(t)
-    assert sorted(Path(p).name for p in step.detail["pruned"]) == sorted(odd)
+    assert sorted(Path(p).name for p in step.detail.pruned) == sorted(odd)
     assert (parent / "precious" / "data").read_text() == "irreplaceable" and not (parent / "x").exists()
     assert len(list(parent.glob("venv.old-*"))) == 1, "the newest old venv is kept"
 

@@ -136,7 +136,7 @@ def test_restore_saves_uncommitted_edits_as_a_patch_that_reapplies(target):
     model.write_text("VALUE = 2  # hack\n")
     step = restore_code.fn(target)
     assert model.read_text() == "VALUE = 1\n"
-    patch = step.detail["patch"]
+    patch = step.detail.patch
     subprocess.run(["git", "-C", target.repo_dir, "apply", "--check", patch], check=True)
     subprocess.run(["git", "-C", target.repo_dir, "apply", patch], check=True)
     assert model.read_text() == "VALUE = 2  # hack\n"
@@ -145,12 +145,12 @@ def test_restore_saves_uncommitted_edits_as_a_patch_that_reapplies(target):
 def test_rebuild_moves_old_venvs_aside_keeps_two_and_reports_drift(target):
     subprocess.run(["uv", "venv", "-q", "--python", target.python, target.venv_dir], check=True)
     first = rebuild_venv.fn(target)
-    assert first.detail["old_venv_drift"] == ["tinyjunk: in lock (0.1.0), not installed"], "what was wrong with the old venv"
+    assert first.detail.old_venv_drift == ["tinyjunk: in lock (0.1.0), not installed"], "what was wrong with the old venv"
     for _ in range(2):
         step = rebuild_venv.fn(target)
     venvs = sorted(p.name for p in Path(target.venv_dir).parent.glob("venv*"))
     assert venvs[0] == "venv" and len([v for v in venvs if ".old-" in v]) == 2
-    assert step.detail["drift"] == []
+    assert step.detail.drift == []
     out = subprocess.run(
         [f"{target.venv_dir}/bin/python", "-c", "import tinyjunk; print(tinyjunk.__version__)"], capture_output=True, text=True, check=True
     )
@@ -177,7 +177,7 @@ def test_warm_up_runs_in_the_repo_with_the_trainers_cache_dir_and_env(made):
     assert not (Path(t.inductor_cache_dir) / "ab").exists()
     assert not list(Path(t.inductor_cache_dir).parent.glob("*.relaunch-cleared-*")), "a cache-only aside copy is removed"
     assert (Path(t.inductor_cache_dir) / "seen").read_text().strip() == f"{t.inductor_cache_dir} bar baz {t.repo_dir}"
-    assert step.detail["cache_bytes"] > 0
+    assert step.detail.cache_bytes > 0
 
 
 def test_preflight_lists_every_problem_before_anything_changes(made):

@@ -1,0 +1,158 @@
+"""What each recovery step did, as typed records: one record type for tasks, flows and the report.
+
+Each step's detail is its own model; the report reads fields, not dict keys, and asks each detail for the
+notes a person needs (what drifted, where edits were saved, which checkpoint and why).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+
+class Step(str, Enum):
+    # Procedure order: steps_for() runs an action's steps in this order.
+    PREFLIGHT = "preflight"
+    STOP_LEFTOVERS = "stop_leftovers"
+    CAPTURE_STACKS = "capture_stacks"
+    STOP = "stop"
+    REBUILD_VENV = "rebuild_venv"
+    INSTALL_PACKAGE = "install_package"
+    RESTORE_CODE = "restore_code"
+    WARM_CACHE = "warm_cache"
+    LAUNCH = "launch"
+    ROLLBACK_VENV = "rollback_venv"
+
+
+class _Detail(BaseModel):
+    def notes(self) -> list[str]:
+        """The lines of this step a person reads in the report."""
+        return []
+
+
+class PreflightDetail(_Detail):
+    kind: Literal["preflight"] = "preflight"
+    problems: int = 0
+
+
+class LeftoversDetail(_Detail):
+    kind: Literal["stop_leftovers"] = "stop_leftovers"
+    stopped: list[str] = Field(default_factory=list, description="Host commands of a killed recovery that were stopped.")
+
+    def notes(self) -> list[str]:
+        return self.stopped
+
+
+class StacksDetail(_Detail):
+    kind: Literal["capture_stacks"] = "capture_stacks"
+    gpus: str = Field("", description="GPU-side or host-side hang, from the GPUs' utilisation.")
+    stacks_file: str | None = Field(None, description="STATE/stacks/STAMP.txt on the host.")
+    top_frames: list[str] = Field(default_factory=list, description="Each thread: its name, state and innermost frames.")
+    skipped: str | None = Field(None, description="Why no stacks were taken (py-spy missing or unable to attach).")
+
+    def notes(self) -> list[str]:
+        lines = [f"gpus: {self.gpus}"] if self.gpus else []
+        lines += [f"stacks: {self.stacks_file}"] if self.stacks_file else []
+        lines += [f"no stacks: {self.skipped}"] if self.skipped else []
+        return lines + self.top_frames[:12]
+
+
+class StopDetail(_Detail):
+    kind: Literal["stop"] = "stop"
+    output: list[str] = Field(default_factory=list)
+
+
+class RebuildDetail(_Detail):
+    kind: Literal["rebuild_venv"] = "rebuild_venv"
+    old_venv_drift: list[str] = Field(default_factory=list, description="How the replaced venv differed from the lock.")
+    old_venv: str = Field("none", description="Where the replaced venv was moved aside.")
+    drift: list[str] = Field(default_factory=list, description="How the new venv differs from the lock (should be empty).")
+    packages: int = 0
+    pruned: list[str] = Field(default_factory=list, description="Old venvs beyond the kept ones, removed.")
+
+    def notes(self) -> list[str]:
+        lines = [f"old venv drift: {'; '.join(self.old_venv_drift)}"] if self.old_venv_drift else []
+        lines += [f"drift: {'; '.join(self.drift)}"] if self.drift else []
+        lines += [f"old venv kept as {self.old_venv}"] if self.old_venv != "none" else []
+        return lines + ([f"pruned: {'; '.join(self.pruned)}"] if self.pruned else [])
+
+
+class InstallDetail(_Detail):
+    kind: Literal["install_package"] = "install_package"
+    package: str = ""
+    output: list[str] = Field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        return [f"installed {self.package}: add it to the lock"]
+
+
+class RestoreDetail(_Detail):
+    kind: Literal["restore_code"] = "restore_code"
+    skipped: str | None = None
+    commit: str | None = None
+    head: str | None = None
+    patch: str | None = Field(None, description="Uncommitted edits saved before the restore (re-applies with git apply).")
+    paths: list[str] = Field(default_factory=list)
+
+    def notes(self) -> list[str]:
+        lines = [f"patch: {self.patch}"] if self.patch else []
+        return lines + ([f"commit: {self.commit}"] if self.commit else [])
+
+
+class WarmDetail(_Detail):
+    kind: Literal["warm_cache"] = "warm_cache"
+    cleared_bytes: int = 0
+    kept_aside: str | None = Field(None, description="The old cache, kept because it held more than compile cache.")
+    warmup_output: list[str] = Field(default_factory=list)
+    cache_bytes: int = 0
+
+    def notes(self) -> list[str]:
+        lines = [f"cache: {self.cache_bytes / 1e6:.1f} MB"]
+        return lines + ([f"kept aside: {self.kept_aside}"] if self.kept_aside else [])
+
+
+class LaunchDetail(_Detail):
+    kind: Literal["launch"] = "launch"
+    run_id: str
+    log_path: str
+    pid: int | None
+    checkpoint: str | None
+    checkpoint_why: str = Field("", description="Why this checkpoint (or none) was chosen, and what was skipped.")
+    command: str
+
+    def notes(self) -> list[str]:
+        return [f"checkpoint: {self.checkpoint_why}"] if self.checkpoint_why else []
+
+
+class RollbackDetail(_Detail):
+    kind: Literal["rollback_venv"] = "rollback_venv"
+    restored_from: str | None = None
+    rolled_back_to: str | None = None
+
+    def notes(self) -> list[str]:
+        return [f"restored {self.restored_from}; kept {self.rolled_back_to}"]
+
+
+StepDetail = Annotated[
+    PreflightDetail
+    | LeftoversDetail
+    | StacksDetail
+    | StopDetail
+    | RebuildDetail
+    | InstallDetail
+    | RestoreDetail
+    | WarmDetail
+    | LaunchDetail
+    | RollbackDetail,
+    Field(discriminator="kind"),
+]
+
+
+class StepRecord(BaseModel):
+    """One step of a recovery: what ran, how long, what it found or did."""
+
+    step: Step
+    seconds: float = Field(description="Wall time of the step.")
+    detail: StepDetail

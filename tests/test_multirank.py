@@ -1,0 +1,302 @@
+"""A multi-rank trainer recovered as one: torchrun, two ranks, gloo on the CPU (nccl on GPUs: bench/gpu_multirank).
+
+The trainer is demo/trainer/multirank.py under this venv's real torchrun. Both faults are real:
+- a rank SIGKILLed from outside: torchrun ends the other rank and names the dead one as its root cause;
+  relaunch must say which rank died (not torchrun's ChildFailedError), leave no process of the old group,
+  and resume from the newest checkpoint;
+- a rank stuck (alive, sleeping in its data loader) while the other waits for it in the gradient
+  all_reduce: relaunch must call it stalled and keep both ranks' stacks (py-spy) before the stop.
+
+What relaunch records: `STATE/runs/ID/supervisor_pid` leads the process group; `STATE/runs/ID/pid` is the
+supervisor's `bash -c "<launch command>"`, which execs the single command it is given, so the recorded
+trainer PID is torchrun itself (its comm is `pt_elastic`). The ranks are torchrun's children (each with
+RANK in its environment) but NOT members of that process group: torch's elastic SubprocessHandler starts
+every rank with `start_new_session=True`, so each rank leads a session and group of its own. "The old run"
+below is therefore the supervisor's group plus every descendant of the recorded trainer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.recover import recover_training
+from relaunch import runlayout
+from relaunch.config import Target, Thresholds
+from relaunch.diagnosis import diagnose
+from relaunch.playbook import Action
+from relaunch.report import Report
+from relaunch.verdicts import Cause, Verdict
+from tasks.health import collect_snapshot
+from tasks.launch import launch
+from tasks.stop import stop
+from tests.faults import group_members, live_trainers, reap, start_time, wait_for
+from tests.sshd import cannot_run_here
+from tests.targets import current, runs, shell_target, wait_for_exit
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+ROOT = Path(__file__).resolve().parent.parent
+MULTIRANK = ROOT / "demo" / "trainer" / "multirank.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+THRESHOLDS = Thresholds(
+    startup_grace_seconds=90, poll_interval_seconds=0.3, settle_timeout_seconds=90, healthy_steps=3, stall_window_floor_seconds=5
+)
+
+
+def multirank_command(checkpoints: Path, *extra: str, device: str = "cpu", torchrun: Path = TORCHRUN, trainer: Path = MULTIRANK) -> str:
+    """torchrun, 2 ranks; --standalone picks a free rendezvous port, so tests running side by side never meet."""
+    return " ".join(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node 2",
+            str(trainer),
+            f"--device {device}",
+            f"--checkpoint-dir {checkpoints}",
+            "--checkpoint-every 5",
+            "--step-seconds 0.05",
+            *extra,
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes of the run relaunch recorded
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields and fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def recorded(target: Target, name: str) -> int:
+    """A PID relaunch recorded for the current run (`pid` or `supervisor_pid`)."""
+    return int(Path(runlayout.runs_folder(target.state_path), current(target), name).read_text().split()[0])
+
+
+def rank_pids(target: Target) -> dict[int, int]:
+    """{rank: PID} of the current run's ranks: processes under the recorded trainer with RANK set by torchrun."""
+    ranks = {}
+    for pid in descendants(recorded(target, "pid")):
+        env = environ(pid)
+        if "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+            ranks[int(env["RANK"])] = pid
+    return ranks
+
+
+def old_group(target: Target) -> dict[int, str]:
+    """Every live process of the current run, with its start time: the supervisor's process group, and every
+    descendant of the recorded trainer (torchrun's ranks run in sessions of their own, outside that group)."""
+    members = {*group_members(recorded(target, "supervisor_pid")), *descendants(recorded(target, "pid"))}
+    return {pid: start for pid in members if (start := start_time(pid))}
+
+
+def still_alive(group: dict[int, str]) -> list[int]:
+    return [pid for pid, start in group.items() if start_time(pid) == start]
+
+
+def checkpoints(folder: Path) -> list[Path]:
+    return sorted(folder.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up
+
+
+@pytest.fixture
+def made(tmp_path):
+    """Targets on this machine with a venv in place; every trainer (and every rank) stopped afterwards, even on failure."""
+    if not TORCHRUN.is_file():
+        cannot_run_here(f"no torchrun beside {sys.executable}")
+    targets: list[Target] = []
+
+    def make(**overrides) -> Target:
+        t = shell_target(
+            tmp_path / f"target{len(targets)}",
+            thresholds=THRESHOLDS,
+            resume_arg="--resume {checkpoint}",
+            env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+            **overrides,
+        )
+        subprocess.run(["uv", "venv", "-q", "--python", t.python, t.venv_dir], check=True)
+        targets.append(t)
+        return t
+
+    yield make
+    for t in targets:
+        try:
+            ranks = old_group(t) if runs(t) else {}
+        except OSError:  # no PID recorded (yet)
+            ranks = {}
+        try:
+            stop.fn(t)
+        finally:
+            reap(t)
+            for pid in still_alive(ranks):  # a rank outside the recorded groups that outlived its torchrun
+                os.kill(pid, signal.SIGKILL)
+
+
+def recover(target: Target) -> Report:
+    state = recover_training(target, return_state=True)
+    report = state.result(raise_on_failure=False)
+    assert isinstance(report, Report), f"the flow ended {state.type} without a report: {report!r}"
+    return report
+
+
+def told(report: Report) -> str:
+    return "\n".join(
+        [
+            *report.timeline(),
+            *(f"  evidence {a.number}: {line}" for a in report.attempts for line in a.evidence),
+            *(f"  step {a.number}: {s.step} {s.detail}" for a in report.attempts for s in a.steps),
+            f"  message: {report.message}",
+        ]
+    )
+
+
+def step_detail(report: Report, step: str, attempt: int = 0) -> dict:
+    detail = next(s.detail for s in report.attempts[attempt].steps if s.step == step)
+    return detail.model_dump() if hasattr(detail, "model_dump") else dict(detail)
+
+
+def run_log(target: Target, run_id: str) -> str:
+    return Path(Path(runlayout.record(target.state_path, run_id, runlayout.LOG_PATH)).read_text().strip()).read_text()
+
+
+def two_ranks_stepping(target: Target, ckpt: Path, at_least: int) -> dict[int, int]:
+    """Launch, then wait until both ranks run and rank 0 has written `at_least` checkpoints."""
+    launch.fn(target, 1)
+    ranks = wait_for(lambda: (r := rank_pids(target)) and len(r) == 2 and r, 60, "torchrun to start two ranks")
+    wait_for(lambda: len(checkpoints(ckpt)) >= at_least, 60, f"{at_least} checkpoints", interval=0.1)
+    trainer = recorded(target, "pid")
+    assert Path(f"/proc/{trainer}/cmdline").read_bytes().split(b"\0")[1].endswith(b"torchrun"), (
+        "the recorded trainer PID is torchrun itself (bash -c execs the single command)"
+    )
+    return ranks
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. A rank killed for real
+
+
+def test_a_killed_rank_is_named_the_whole_group_stopped_and_the_run_resumed_from_the_newest_checkpoint(made, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    t = made(launch_command=multirank_command(ckpt), checkpoint_dir=str(ckpt))
+    ranks = two_ranks_stepping(t, ckpt, at_least=2)
+    group = old_group(t)
+    assert set(ranks.values()) <= set(group), (ranks, group)
+    victim = ranks[1]
+    os.kill(victim, signal.SIGKILL)
+    wait_for_exit(t, 60)  # torchrun ends rank 0 and exits on its own
+    (first_run,) = runs(t)
+    newest = checkpoints(ckpt)[-1]
+    newest_step = int(newest.stem.split("_")[1])
+
+    report = recover(t)
+    first = report.attempts[0]
+    assert (first.verdict, first.cause, first.action) == (Verdict.CRASHED, Cause.KILLED, Action.RELAUNCH), told(report)
+    assert first.summary.startswith(f"rank 1 (local_rank 1, pid {victim}, host "), told(report)
+    assert "died of SIGKILL" in first.summary and "ChildFailedError" not in first.summary, told(report)
+    assert first.evidence[0] == first.summary, told(report)
+    assert not still_alive(group), f"processes of the old group still alive: {still_alive(group)}"
+    assert step_detail(report, "launch")["checkpoint"] == str(newest), told(report)
+    assert report.verdict is Verdict.HEALTHY and report.ok, told(report)
+    second_run = current(t)
+    assert runs(t) == [first_run, second_run], runs(t)
+    assert f"resumed from {newest} at step {newest_step}" in run_log(t, second_run)
+    assert f"step={newest_step + 1} " in run_log(t, second_run)
+    assert len(rank_pids(t)) == 2 and len(live_trainers(t)) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. One rank stuck, every rank alive
+
+
+def wheelhouse_or_skip() -> str:
+    from demo.target import wheelhouse
+
+    try:
+        path = wheelhouse()
+    except SystemExit as exc:
+        cannot_run_here(str(exc))
+    if not list(path.glob("py_spy-*.whl")):
+        cannot_run_here(f"no py-spy wheel in {path}: run `make setup`")
+    return str(path)
+
+
+def polled_verdict(target: Target) -> Verdict:
+    return diagnose(collect_snapshot(target, wait_seconds=0.5), target.thresholds, min_free_disk_gb=target.min_free_disk_gb).verdict
+
+
+def test_a_rank_hung_before_a_collective_is_stalled_with_both_ranks_stacks_kept_then_relaunched(made, tmp_path):
+    ckpt, once = tmp_path / "ckpt", tmp_path / "hung-once"
+    t = made(
+        launch_command=multirank_command(ckpt, "--hang-rank 1 --hang-after 12", f"--hang-marker {once}"),
+        checkpoint_dir=str(ckpt),
+    )
+    t.find_links = [*t.find_links, wheelhouse_or_skip()]  # py-spy, offline
+    ranks = two_ranks_stepping(t, ckpt, at_least=1)
+    wait_for(once.exists, 60, "rank 1 to hang")
+    wait_for(lambda: polled_verdict(t) is Verdict.STALLED, 60, "the hung run to look stalled to a poll", interval=0.5)
+    group = old_group(t)
+    assert set(ranks.values()) <= set(group) and not set(ranks.values()) - set(still_alive(group)), "every rank alive"
+
+    report = recover(t)
+    first = report.attempts[0]
+    assert (first.verdict, first.action) == (Verdict.STALLED, Action.DUMP_AND_RELAUNCH), told(report)
+    assert [s.step for s in first.steps] == ["capture_stacks", "stop", "launch"], told(report)
+    stacks = step_detail(report, "capture_stacks")
+    assert not stacks.get("skipped"), stacks
+    dump = Path(stacks["stacks_file"]).read_text()
+    sections = {pid: text for pid, text in (_section(part) for part in dump.split("=== py-spy dump --pid ")[1:])}
+    missing = [rank for rank, pid in ranks.items() if pid not in sections]
+    assert not missing, (
+        "BUG relaunch/host/dump_stacks.sh: it dumps only the members of the supervisor's process group (pgid == supervisor PID), "
+        "but torchrun starts every rank in a session of its own (torch.distributed.elastic SubprocessHandler: start_new_session=True), "
+        f"so no rank's stack is kept, only torchrun's; ranks {missing} (PIDs {[ranks[r] for r in missing]}) missing from:\n{dump}"
+    )
+    assert "fetch_batch (" in sections[ranks[1]] and "fetch_batch (" not in sections[ranks[0]], dump
+    assert "all_reduce_grads (" in sections[ranks[0]] and "all_reduce (" in sections[ranks[0]], dump
+    frames = stacks["top_frames"]
+    assert any(line.startswith("MainThread ") and "fetch_batch (multirank.py:" in line for line in frames), frames
+    assert any(line.startswith("MainThread ") and "all_reduce (" in line for line in frames), frames
+    assert not still_alive(group), f"processes of the old group still alive: {still_alive(group)}"
+    assert report.verdict is Verdict.HEALTHY and report.ok and len(runs(t)) == 2, told(report)
+    newest = step_detail(report, "launch")["checkpoint"]
+    assert newest and f"resumed from {newest}" in run_log(t, current(t)), told(report)
+
+
+def _section(part: str) -> tuple[int, str]:
+    head, _, body = part.partition("\n")
+    return int(head.split()[0]), body
