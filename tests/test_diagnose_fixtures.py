@@ -68,7 +68,14 @@ CASES = [
         None,
         "NameError: module is not installed as a submodule",
     ),
-    ("demo/fx_race_cpu_patcher.log", ["--exit-code", "134"], "crashed", "fx_tracing_race", None, "CURRENT_PATCHER is None in finally block"),
+    (
+        "demo/fx_race_cpu_patcher.log",
+        ["--exit-code", "134"],
+        "crashed",
+        "fx_tracing_race",
+        None,
+        "CURRENT_PATCHER is None in finally block",
+    ),
     ("demo/missing_dependency.log", ["--exit-code", "1"], "crashed", "missing_dependency", "tinyaccel", "No module named 'tinyaccel'"),
     ("demo/silent_death.log", [], "crashed", "silent_exit", None, "no exit code recorded"),
     (
