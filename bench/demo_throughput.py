@@ -15,9 +15,9 @@ flow's own figure (the median of the last three readings it saw) for each attemp
 
 The tmux session is `relaunch-bench-degraded`, not the demo's `relaunch-demo-degraded`, so that this never
 touches a demo or a test run going on at the same time; the work folder is a new temp folder, removed after.
-Takes about 2 minutes on a 2-core machine.
+Takes about 2.5 minutes on a 2-core machine.
 
-Usage: .venv/bin/python bench/demo_throughput.py [--uncompiled-seconds 20] [--compiled-seconds 15] [--keep]
+Usage: .venv/bin/python bench/demo_throughput.py [--uncompiled-seconds 40] [--compiled-seconds 15] [--keep]
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def describe(values: list[tuple[int, float]]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--uncompiled-seconds", type=float, default=20.0, help="How long the broken run steps before the flow starts.")
+    parser.add_argument("--uncompiled-seconds", type=float, default=40.0, help="How long the broken run steps before the flow starts.")
     parser.add_argument("--compiled-seconds", type=float, default=15.0, help="How long the recovered run steps after the flow ends.")
     parser.add_argument("--keep", action="store_true", help="Keep the work folder (logs, venv, checkpoints).")
     args = parser.parse_args()

@@ -101,7 +101,8 @@ def measure(log: Path) -> None:
         timeout=600,
     )
     wall = time.perf_counter() - started
-    if run.returncode != 0:
+    # diagnose exits 1 for a verdict that is not healthy, starting or finished (this log's is crashed).
+    if run.returncode not in (0, 1):
         raise SystemExit(f"diagnose exited {run.returncode}: {run.stderr[-2000:]}")
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
     print(json.dumps([wall, peak_mb, {"output_bytes": len(run.stdout), **json.loads(run.stdout)}]))

@@ -41,7 +41,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("missing-dependency", "the lock misses tinyaccel, which the trainer imports", Cause.MISSING_DEPENDENCY, Verdict.CRASHED),
         Scenario("fx-race", "the venv drifted to tinyattn 1.1, which FX-traces in a thread", Cause.FX_TRACING_RACE, Verdict.CRASHED),
         Scenario("silent-death", "the trainer and its tmux session killed after a checkpoint", Cause.SILENT_EXIT, Verdict.CRASHED),
-        Scenario("degraded", "the model file hacked to skip torch.compile: 4x slower", None, Verdict.DEGRADED),
+        Scenario("degraded", "the model file hacked to skip torch.compile: about 100x slower", None, Verdict.DEGRADED),
         Scenario("diverged", "launched by hand with a learning-rate spike at step 25: the loss goes nan", None, Verdict.DIVERGED),
         Scenario(
             "broken-checkpoint",

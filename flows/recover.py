@@ -48,8 +48,8 @@ def run_steps(target: Target, action: Action, health: HealthResult, attempt: int
             record = capture_stacks(target, health.snapshot)
         else:
             before_step, refuse = resume_constraints(health.diagnosis)
-            record = launch(target, attempt, before_step=before_step, refuse=refuse)
-            run_id = record.detail.run_id
+            run, record = launch(target, attempt, before_step=before_step, refuse=refuse)
+            run_id = run.run_id
         steps.append(record)
     return steps, run_id
 

@@ -240,8 +240,15 @@ def recover(
     target_file: Path = typer.Argument(..., help="Target YAML."),
     force: bool = typer.Option(False, help="Run the full procedure even on a healthy run."),
     as_json: bool = typer.Option(False, "--json"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the host commands of the full procedure; run nothing."),
 ) -> None:
     """Recover a target: diagnose, act on the verdict through the playbook, check again."""
+    if dry_run:
+        from relaunch.dryrun import render
+
+        with _errors():
+            print(render(load_target(target_file)))
+        raise typer.Exit(0)
     from flows.recover import recover_training
 
     with _errors():

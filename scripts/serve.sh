@@ -38,7 +38,7 @@ export PREFECT_API_URL="http://$HOST:$PORT/api"
 PREPARE=${RELAUNCH_SERVE_PREPARE:-1}
 KEEP_TRAINER=${RELAUNCH_SERVE_KEEP_TRAINER:-0}
 mkdir -p "$PREFECT_HOME/logs" "$(dirname "$RELAUNCH_DEMO_DIR")"
-LOGS="$PREFECT_HOME/logs" STATE="$RELAUNCH_DEMO_DIR/logs/.relaunch"
+LOGS="$PREFECT_HOME/logs" STATE="$RELAUNCH_DEMO_DIR/logs/.relaunch" WORKER_NAME="make-serve-$$-$EPOCHSECONDS"
 SERVE_PID="$PREFECT_HOME/serve.pid" WORKER_PID="$PREFECT_HOME/serve-worker.pid" SERVER_PID="$PREFECT_HOME/server.pid"
 TTY_OWNER=${1:-} server_pid="" worker_pid="" helper="" hurry="" trainer_left="" last_signal=0
 tty=$({ : </dev/tty; } 2>/dev/null && echo 1 || true)
@@ -46,13 +46,13 @@ tty=$({ : </dev/tty; } 2>/dev/null && echo 1 || true)
 say() { printf '[serve] %s\n' "$*"; }
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
 # The PID a file records, if that process still runs what it was recorded for (PIDs get reused).
-recorded() { local p; p=$(cat "$1" 2>/dev/null) && alive "$p" && tr '\0' ' ' <"/proc/$p/cmdline" | grep -q -- "$2" && echo "$p" || true; }
+recorded() { local p; p=$(cat "$1" 2>/dev/null) && alive "$p" && tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -q -- "$2" && echo "$p" || true; }
 # A closed terminal fails every write: what is said from then on goes to the log.
 hung_up() { [ -n "$tty" ] && ! { : </dev/tty; } 2>/dev/null; }
 # Wait (bounded) for a process to exit; true if it did.
 wait_exit() { local i; for ((i = 0; i < $2 * 5; i++)); do alive "$1" || { wait "$1" 2>/dev/null; return 0; }; sleep 0.2; done; return 1; }
-# A Prefect worker makes its first interrupt a SIGINT to itself (lost if it inherited SIGINT ignored) and its second a
-# SIGKILL of itself: so one, a bounded wait, then the second. Then the rest of its process group: a flow run it started.
+# A Prefect worker makes its first interrupt a SIGINT to itself (lost if it inherited SIGINT ignored: it starts with it
+# restored) and its second a SIGKILL of itself: so one, a bounded wait, the second; then the rest of its process group.
 stop_worker() {
   alive "$1" || return 0
   kill -INT "$1" 2>/dev/null && wait_exit "$1" 3 || { kill -INT "$1" 2>/dev/null; wait_exit "$1" 10; }
@@ -130,16 +130,9 @@ say "starting the Prefect server on $HOST:$PORT (PREFECT_HOME=$PREFECT_HOME, log
 PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=${PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE:-prefect.server.concurrency.lease_storage.filesystem} \
   setsid prefect server start --host "$HOST" --port "$PORT" >"$LOGS/serve-server.log" 2>&1 &
 server_pid=$! && echo "$server_pid" >"$SERVER_PID" && say "server pid $server_pid"
-prefect server status --wait --timeout 180 >/dev/null 2>&1 &
-# Whichever ends first: `status --wait` would not notice a server that exits.
-if ! wait -n "$server_pid" $! || ! alive "$server_pid"; then
-  alive "$server_pid" && say "the server did not answer within 180 s" || { say "the server exited:"; tail -n 20 "$LOGS/serve-server.log"; }
-  exit 1
-fi
-say "server healthy"
-
+prefect server status --wait --timeout 180 >/dev/null 2>&1 & checker=$!
 if [ "$PREPARE" = 1 ]; then stop_demo_trainer; fi
-# The demo target prepared (output on stderr); on fd 3, the limit name of each host a deployment's target(s) name.
+# While the server starts: the demo target prepared (on stderr); the limit name of each host prefect.yaml names (fd 3).
 limits=$(python - "$PREPARE" 3>&1 1>&2 <<'EOF'
 import os, sys, types, yaml
 from flows.recover import host_limit_name
@@ -152,6 +145,12 @@ names = {host_limit_name(types.SimpleNamespace(host=Host.model_validate(t.get("h
 os.write(3, " ".join(sorted(names)).encode())
 EOF
 )
+# Whichever ends first: `status --wait` would not notice a server that exits.
+if ! wait -n "$server_pid" "$checker" || ! alive "$server_pid"; then
+  alive "$server_pid" && say "the server did not answer within 180 s" || { say "the server exited:"; tail -n 20 "$LOGS/serve-server.log"; }
+  exit 1
+fi
+say "server healthy"
 # Not `--overwrite`: on an existing pool 3.9.1 resets every field, which resumes a paused pool and clears a limit set
 # with `prefect work-pool set-concurrency-limit`. An existing pool is left as it is.
 out=$(prefect work-pool create relaunch --type process 2>&1) || grep -q "already exists" <<<"$out" || { echo "$out"; exit 1; }
@@ -169,11 +168,11 @@ grep -o "Deployment '[^']*' successfully created" "$LOGS/serve-deploy.log" | sed
 python scripts/automations.py sync | sed 's/^/[serve] /'
 
 say "starting a worker on pool 'relaunch' (log: $LOGS/serve-worker.log)"
-setsid prefect worker start --pool relaunch --type process >"$LOGS/serve-worker.log" 2>&1 &
+setsid env --default-signal=INT prefect worker start --pool relaunch --type process --name "$WORKER_NAME" >"$LOGS/serve-worker.log" 2>&1 &
 worker_pid=$! && echo "$worker_pid" >"$WORKER_PID" && say "worker pid $worker_pid"
-# No CLI command waits for a worker: ask the API until it lists one ONLINE.
+# No CLI command waits for a worker: ask the API until it lists this one (an earlier run's can still show ONLINE).
 for ((i = 0; i < 600; i++)); do
-  curl -sf -X POST -H 'Content-Type: application/json' -d '{}' "$PREFECT_API_URL/work_pools/relaunch/workers/filter" 2>/dev/null | grep -q '"status":"ONLINE"' && break
+  curl -sf -X POST -H 'Content-Type: application/json' -d '{}' "$PREFECT_API_URL/work_pools/relaunch/workers/filter" 2>/dev/null | grep -q "\"name\":\"$WORKER_NAME\"" && break
   alive "$worker_pid" || { say "the worker exited:"; tail -n 20 "$LOGS/serve-worker.log"; exit 1; }
   sleep 0.2
 done

@@ -145,3 +145,13 @@ def test_the_demo_writes_its_target_file_and_says_how_to_check_it(home):
     assert target.exists() and f"check {target}" in result.stdout and f"stop {target}" in result.stdout
     assert result.stdout.startswith("attempt 1: unknown -> full_recovery") and "verdict: healthy" in result.stdout, result.stdout
     assert typed(["check", str(target)], home).returncode == 1, "the demo stopped its trainer at the end"
+
+
+def test_recover_dry_run_prints_every_step_of_the_full_procedure_and_runs_nothing(home, tmp_path):
+    t = shell_target(tmp_path / "t", name="dry")
+    result = typed(["recover", "--dry-run", str(write_target(t, home / "target.yaml"))], home)
+    assert result.returncode == 0, result.stderr
+    steps = [line.split(":")[0].removeprefix("# ") for line in result.stdout.splitlines()[2:] if line.startswith("# ")]
+    assert steps[0] == "preflight" and steps[-1] == "launch" and {"stop", "rebuild_venv", "restore_code", "warm_cache"} <= set(steps)
+    assert "<relaunch/host/launch.sh>" in result.stdout and "uv pip sync" in result.stdout
+    assert not Path(t.state_path).exists() and not Path(t.venv_dir).exists(), "a dry run changes nothing"

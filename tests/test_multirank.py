@@ -35,7 +35,7 @@ from relaunch.verdicts import Cause, Verdict
 from tasks.health import collect_snapshot
 from tasks.launch import launch
 from tasks.stop import stop
-from tests.faults import group_members, live_trainers, reap, start_time, wait_for
+from tests.faults import MID_STEP, ONE, case, group_members, live_trainers, reap, start_time, wait_for
 from tests.sshd import cannot_run_here
 from tests.targets import current, runs, shell_target, wait_for_exit
 
@@ -126,6 +126,20 @@ def still_alive(group: dict[int, str]) -> list[int]:
     return [pid for pid, start in group.items() if start_time(pid) == start]
 
 
+def started_under(folder: Path) -> list[int]:
+    """Live processes whose command line names `folder` (a test's unique tmp_path)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(folder) in cmdline and start_time(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
 def checkpoints(folder: Path) -> list[Path]:
     return sorted(folder.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
 
@@ -154,17 +168,17 @@ def made(tmp_path):
         return t
 
     yield make
-    for t in targets:
-        try:
-            ranks = old_group(t) if runs(t) else {}
-        except OSError:  # no PID recorded (yet)
-            ranks = {}
-        try:
-            stop.fn(t)
-        finally:
-            reap(t)
-            for pid in still_alive(ranks):  # a rank outside the recorded groups that outlived its torchrun
-                os.kill(pid, signal.SIGKILL)
+    try:
+        for t in targets:
+            try:
+                stop.fn(t)
+            finally:
+                reap(t)
+    finally:
+        # Ranks run outside the recorded process groups and can outlive their torchrun: end every process
+        # of this test's own (its command line names this test's unique tmp_path).
+        for pid in started_under(tmp_path):
+            os.kill(pid, signal.SIGKILL)
 
 
 def recover(target: Target) -> Report:
@@ -210,6 +224,11 @@ def two_ranks_stepping(target: Target, ckpt: Path, at_least: int) -> dict[int, i
 # 1. A rank killed for real
 
 
+@case(
+    MID_STEP,
+    "one rank of a 2-rank torchrun trainer (gloo) SIGKILLed for real",
+    "crashed / killed naming the rank that failed first (torchrun's root cause, not its ChildFailedError); every old process gone; relaunched from the newest checkpoint; healthy",
+)
 def test_a_killed_rank_is_named_the_whole_group_stopped_and_the_run_resumed_from_the_newest_checkpoint(made, tmp_path):
     ckpt = tmp_path / "ckpt"
     t = made(launch_command=multirank_command(ckpt), checkpoint_dir=str(ckpt))
@@ -259,6 +278,11 @@ def polled_verdict(target: Target) -> Verdict:
     return diagnose(collect_snapshot(target, wait_seconds=0.5), target.thresholds, min_free_disk_gb=target.min_free_disk_gb).verdict
 
 
+@case(
+    MID_STEP,
+    "one rank of a 2-rank trainer hangs while the other waits in the collective",
+    "stalled; both ranks' Python stacks kept (py-spy, found by the run's environment marker though torchrun puts ranks in sessions of their own); stopped; relaunched; healthy",
+)
 def test_a_rank_hung_before_a_collective_is_stalled_with_both_ranks_stacks_kept_then_relaunched(made, tmp_path):
     ckpt, once = tmp_path / "ckpt", tmp_path / "hung-once"
     t = made(
@@ -300,3 +324,27 @@ def test_a_rank_hung_before_a_collective_is_stalled_with_both_ranks_stacks_kept_
 def _section(part: str) -> tuple[int, str]:
     head, _, body = part.partition("\n")
     return int(head.split()[0]), body
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. torchrun itself killed: its ranks live on
+
+
+@case(
+    ONE,
+    "torchrun itself SIGKILLed: its ranks, in sessions of their own, live on",
+    "the stop finds them by the run's environment marker (`RELAUNCH_RUN`) and ends them before the relaunch: never two sets of ranks",
+)
+def test_ranks_left_running_by_a_killed_torchrun_are_stopped_before_the_relaunch(made, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    t = made(launch_command=multirank_command(ckpt), checkpoint_dir=str(ckpt))
+    ranks = two_ranks_stepping(t, ckpt, at_least=1)
+    group = old_group(t)
+    os.kill(recorded(t, "pid"), signal.SIGKILL)  # torchrun itself (the kernel's OOM killer picks big agents too)
+    wait_for_exit(t, 30)  # the supervisor records 137
+    assert set(ranks.values()) <= set(still_alive(group)), "the ranks outlive torchrun, reparented to init"
+
+    report = recover(t)
+    assert report.attempts[0].verdict is Verdict.CRASHED, told(report)
+    left = [pid for pid in ranks.values() if pid in still_alive(group)]
+    assert not left, f"ranks {left} of the killed run still train beside the relaunched one ({rank_pids(t)}):\n{told(report)}"

@@ -22,14 +22,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+# As tests/conftest.py: a Prefect home of its own, no telemetry; this interpreter's tools (uv) on PATH.
+os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="relaunch-prefect-"))
+os.environ.update(DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ["PATH"] = f"{os.environ['PATH']}{os.pathsep}{Path(sys.executable).parent}"
 
 from flows.recover import recover_training  # noqa: E402
+from relaunch.playbook import Action  # noqa: E402
 from relaunch.report import Report  # noqa: E402
+from relaunch.verdicts import Cause, Verdict  # noqa: E402
 from tasks.stop import stop  # noqa: E402
 from tests.faults import reap, wait_for  # noqa: E402
 from tests.targets import current, runs, shell_target, wait_for_exit  # noqa: E402
@@ -125,15 +133,15 @@ def killed(out: Path, device: str) -> bool:
         first = report.attempts[0]
         second = run_log(t, current(t)) if len(runs(t)) == 2 else ""
         checks = {
-            "attempt 1 crashed / killed -> relaunch": (first.verdict.value, first.cause and first.cause.value, first.action.value)
-            == ("crashed", "killed", "relaunch"),
+            "attempt 1 crashed / killed -> relaunch": (first.verdict, first.cause, first.action)
+            == (Verdict.CRASHED, Cause.KILLED, Action.RELAUNCH),
             "the evidence names rank 1 and its pid": first.summary.startswith(f"rank 1 (local_rank 1, pid {victim}, host "),
             "died of SIGKILL, not ChildFailedError": "died of SIGKILL" in first.summary and "ChildFailedError" not in first.summary,
             "no process of the old group alive": not still_alive(group),
             "relaunched from the newest checkpoint": step_detail(report, "launch").get("checkpoint") == str(newest),
             "the new run resumed there": f"resumed from {newest} at step {step}" in second and f"step={step + 1} " in second,
             "two runs": runs(t)[0] == first_run and len(runs(t)) == 2,
-            "ends healthy": report.ok and report.verdict is not None and report.verdict.value == "healthy",
+            "ends healthy": report.ok and report.verdict is Verdict.HEALTHY,
         }
         extra = {
             "ranks": ranks,
@@ -155,7 +163,7 @@ def hung(out: Path, device: str, find_links: list[str]) -> bool:
     try:
         ranks = two_ranks_stepping(t, ckpt, at_least=1)
         wait_for(once.exists, 120, "rank 1 to hang")
-        wait_for(lambda: polled_verdict(t).value == "stalled", 120, "the hung run to look stalled to a poll", interval=0.5)
+        wait_for(lambda: polled_verdict(t) is Verdict.STALLED, 120, "the hung run to look stalled to a poll", interval=0.5)
         group = old_group(t)
         before = gpu_apps()
         alive_before = sorted(still_alive(group))
@@ -167,14 +175,14 @@ def hung(out: Path, device: str, find_links: list[str]) -> bool:
         frames = stacks.get("top_frames", [])
         checks = {
             "every rank alive before the recovery": set(ranks.values()) <= set(alive_before),
-            "attempt 1 stalled -> dump_and_relaunch": (first.verdict.value, first.action.value) == ("stalled", "dump_and_relaunch"),
+            "attempt 1 stalled -> dump_stacks_and_relaunch": (first.verdict, first.action) == (Verdict.STALLED, Action.DUMP_AND_RELAUNCH),
             "capture_stacks, stop, launch": [s.step for s in first.steps] == ["capture_stacks", "stop", "launch"],
             "stacks of rank 0 kept": f"py-spy dump --pid {ranks[0]} " in dump,
             "stacks of rank 1 kept (fetch_batch)": f"py-spy dump --pid {ranks[1]} " in dump
             and any("fetch_batch (multirank.py:" in line for line in frames),
             "no process of the old group alive": not still_alive(group),
             "two runs": len(runs(t)) == 2,
-            "ends healthy": report.ok and report.verdict is not None and report.verdict.value == "healthy",
+            "ends healthy": report.ok and report.verdict is Verdict.HEALTHY,
         }
         extra = {"ranks": ranks, "old_group": sorted(group), "gpus_while_hung": before, "top_frames": frames}
         return finish(out, "hung", t, report, seconds, checks, extra)

@@ -23,3 +23,12 @@ def host_script(name: str) -> str:
         )
         text = "\n".join(lib if line == INCLUDE else line for line in text.splitlines()) + "\n"
     return text
+
+
+def script_name(text: str) -> str | None:
+    """Which relaunch/host script a text is (for showing commands), or None."""
+    for entry in files(__package__).iterdir():
+        name = entry.name.removesuffix(".sh")
+        if entry.name.endswith(".sh") and name != "lib" and host_script(name) == text:
+            return name
+    return None

@@ -19,3 +19,6 @@ alive() { [ -n "$1" ] && [ -n "$2" ] && [ "$(starttime "$1")" = "$2" ]; }
 read_pid() { [ -r "$1" ] && read -r "$2" "$3" < "$1"; }
 # "PID STARTTIME" into FILE, atomically.
 record_pid() { echo "$1 $(starttime "$1")" > "$2.tmp" && mv -f "$2.tmp" "$2"; }
+# Every process carrying this run's marker in its environment (the supervisor puts RELAUNCH_RUN=<run folder>
+# into the trainer's environment; launchers like torchrun pass it on to ranks they start in sessions of their own).
+marked_pids() { local f p; for f in /proc/[0-9]*/environ; do p=${f#/proc/}; p=${p%/environ}; tr '\0' '\n' < "$f" 2>/dev/null | grep -qxF "RELAUNCH_RUN=$1" && echo "$p"; done; return 0; }

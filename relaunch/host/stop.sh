@@ -15,11 +15,20 @@ alive "$pid" "$pstart" && groups+=("$pid")
 if tmux has-session -t "=$session" 2>/dev/null; then
   for p in $(tmux list-panes -s -t "=$session" -F '#{pane_pid}' 2>/dev/null); do groups+=("$p"); done
 fi
+# Ranks a launcher (torchrun) starts in sessions of their own carry the run's marker: found by it, even
+# when the launcher itself is gone (killed, they would train on beside the next launch).
+marked=()
+if [ -n "$run_id" ]; then
+  for p in $(marked_pids "$run"); do
+    if [ "$(ps -o pgid= -p "$p" | tr -d ' ')" = "$p" ]; then groups+=("$p"); else marked+=("$p"); fi
+  done
+fi
 members() { ps -e -o pid=,pgid= | awk -v g="$1" '$2 == g {print $1}'; }
-pids=()
+pids=("${marked[@]}")
 for g in "${groups[@]}"; do mapfile -t more < <(members "$g"); pids+=("$g" "${more[@]}"); done
 [ ${#groups[@]} -gt 0 ] && echo "stopping process groups: ${groups[*]}"
 for g in "${groups[@]}"; do kill -TERM -- "-$g" 2>/dev/null || kill -TERM "$g" 2>/dev/null; done
+for p in "${marked[@]}"; do kill -TERM "$p" 2>/dev/null; done
 tmux kill-session -t "=$session" 2>/dev/null && echo "killed tmux session $session"
 # Zombies count as gone: a reparented supervisor may wait seconds for init to reap it.
 gone() { for p in "${pids[@]}"; do starttime "$p" >/dev/null && return 1; done; return 0; }

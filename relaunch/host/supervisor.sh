@@ -16,7 +16,8 @@ record_pid "$$" "$run_dir/supervisor_pid"
 cd -- "$repo" || { note "cannot cd to $repo"; echo 126 > "$run_dir/exit_code"; exit 126; }
 note "start: $command"
 # The environment reaches the trainer as environment: `env` takes each KEY=VALUE as one argument.
-PATH="$venv_bin:$PATH" env -- "${spec[@]:3}" bash -c "$command" >> "$log" 2>&1 < /dev/null &
+# RELAUNCH_RUN marks every process of this run, also ranks a launcher starts in sessions of their own.
+PATH="$venv_bin:$PATH" env -- "RELAUNCH_RUN=$run_dir" "${spec[@]:3}" bash -c "$command" >> "$log" 2>&1 < /dev/null &
 pid=$!
 record_pid "$pid" "$run_dir/pid"
 wait "$pid"; code=$?

@@ -1,0 +1,66 @@
+"""`relaunch recover --dry-run`: the host commands the full procedure would run, built by the same pure
+`plan_*` functions the steps use, printed and never executed (as TorchX's dryrun shows a job before it runs).
+
+Commands that depend on what an earlier one finds (which old cache to remove, which venvs to prune,
+which checkpoint to resume from) are shown with that value as a placeholder.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from relaunch.commands import Command, host_argv
+from relaunch.config import Target
+from relaunch.host import script_name
+from relaunch.steps import Step
+
+STAMP = "<STAMP>"
+NEWEST = "<newest usable checkpoint>"
+# A script's text is long and fixed (relaunch/host/*.sh): shown by its size, not inline.
+LONG_ARGUMENT = 200
+
+
+def planned(target: Target) -> list[tuple[Step, str, Command]]:
+    """(step, what, command) for the full procedure, in the order the recovery runs them."""
+    from tasks.launch import plan_launch, plan_list_checkpoints
+    from tasks.leftovers import plan_reap
+    from tasks.preflight import plan_preflight
+    from tasks.rebuild_venv import plan_rebuild
+    from tasks.restore_code import plan_restore
+    from tasks.stop import plan_stop
+    from tasks.warm_cache import plan_warm
+
+    out = [
+        (Step.PREFLIGHT, "preflight", plan_preflight(target)),
+        (Step.STOP_LEFTOVERS, "stop leftovers", plan_reap(target)),
+        (Step.STOP, "stop", plan_stop(target)),
+    ]
+    out += [(Step.REBUILD_VENV, name, command) for name, command in plan_rebuild(target, STAMP).items() if name != "siblings"]
+    out += [(Step.RESTORE_CODE, "git restore", plan_restore(target, STAMP))] if target.restore_paths else []
+    out += [(Step.WARM_CACHE, name, command) for name, command in plan_warm(target, STAMP).items()]
+    listing = plan_list_checkpoints(target)
+    out += [(Step.LAUNCH, "list checkpoints", listing)] if listing else []
+    out.append((Step.LAUNCH, "launch", plan_launch(target, "<RUN_ID>", NEWEST if listing else None)[0]))
+    return out
+
+
+def shown(command: Command) -> str:
+    """The command as data: working folder, environment, argv; long script texts shown by their size."""
+    argv = [a if len(a) <= LONG_ARGUMENT else f"<relaunch/host/{script_name(a) or '?'}.sh>" for a in command.argv]
+    parts = [f"cd {shlex.quote(command.cwd)} &&"] if command.cwd else []
+    parts += [f"{k}={shlex.quote(v)}" for k, v in command.env]
+    tracked = f"  # recorded in {command.track_in} while it runs" if command.track_in else ""
+    return " ".join([*parts, shlex.join(argv)]) + tracked
+
+
+def render(target: Target) -> str:
+    layers = shlex.join(host_argv(Command(("CMD",)), target.host.container, 1)).replace("'exec CMD'", "CMD")
+    where = "here" if target.host.kind == "local" else f"over ssh to {target.host.user}@{target.host.hostname}:{target.host.port}"
+    lines = [
+        f"# relaunch recover --dry-run: {target.name} on {target.host.label}; the full procedure, nothing is run.",
+        f"# Each CMD runs {where} as: {layers} (1: the step's timeout)",
+    ]
+    for step, what, command in planned(target):
+        lines.append(f"\n# {step.value}: {what}" + (f" (timeout {command.timeout_seconds:g} s)" if command.timeout_seconds else ""))
+        lines.append(shown(command))
+    return "\n".join(lines)
