@@ -114,6 +114,15 @@ CASES = [
         "RuntimeError: mat1 and mat2 shapes cannot be multiplied",
     ),
     ("carriage_return_progress.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step=164"),
+    (
+        "xid/cuda_ecc_trainer.log",
+        ["--exit-code", "1", "--dmesg", str(LOGS / "xid/xid79_journal.txt")],
+        "crashed",
+        "gpu_fault",
+        None,
+        "Xid 79: GPU has fallen off the bus",
+    ),
+    ("xid/cuda_ecc_trainer.log", ["--exit-code", "1"], "crashed", "gpu_fault", None, "uncorrectable ECC error"),
 ]
 
 
