@@ -55,7 +55,7 @@ class Report(BaseModel):
         for a in self.attempts:
             cause = f" ({a.cause.value}{': ' + a.package if a.package else ''})" if a.cause else ""
             lines.append(f"attempt {a.number}: {a.verdict.value}{cause} -> {a.action.value}  {a.summary}")
-            lines += [f"    {s.step:<16} {s.seconds:8.1f} s" for s in a.steps]
+            lines += [f"    {s.step.value:<16} {s.seconds:8.1f} s" for s in a.steps]
         return lines
 
     def markdown(self) -> str:
@@ -75,7 +75,7 @@ class Report(BaseModel):
             if a.steps:
                 parts.append(
                     "| step | seconds | notes |\n| --- | --- | --- |\n"
-                    + "\n".join(f"| {s.step} | {s.seconds:.1f} | {_notes(s)} |" for s in a.steps)
+                    + "\n".join(f"| {s.step.value} | {s.seconds:.1f} | {_notes(s)} |" for s in a.steps)
                 )
         return "\n\n".join(p for p in parts if p)
 
