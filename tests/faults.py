@@ -89,8 +89,13 @@ def render_matrix(cases: list[Case]) -> str:
         "| guarantee | fault (injected for real) | outcome | test |",
         "| --- | --- | --- | --- |",
     ]
+    # Rows of one file keep their order in it; files come in path order, whichever module was imported first.
+    # A test module imported under two names (pytest's own collection and an import) registers its rows twice.
+    seen: set[str] = set()
+    unique = [c for c in cases if not (c.test in seen or seen.add(c.test))]
+    by_file = sorted(enumerate(unique), key=lambda ic: (ic[1].test.split("::")[0], ic[0]))
     for guarantee in GUARANTEES:
-        for c in cases:
+        for _, c in by_file:
             if c.guarantee == guarantee:
                 lines.append(f"| {_cell(c.guarantee)} | {_cell(c.fault)} | {_cell(c.outcome)} | `{c.test}` |")
     return "\n".join(lines) + "\n"

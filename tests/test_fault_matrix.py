@@ -23,6 +23,7 @@ from relaunch.config import Target
 from relaunch.errors import CommandFailed, HostBusy, PreflightFailed
 from relaunch.playbook import Action
 from relaunch.report import Report
+from relaunch.steps import LaunchDetail
 from relaunch.verdicts import Cause, Verdict
 from tasks.launch import launch
 from tasks.lock import lock_path
@@ -137,7 +138,7 @@ def host_tree(target: Target, *, state: bool = True, live: tuple[Path, ...] = ()
     return {path: kind for path, kind in t.items() if not path.startswith(lock)}
 
 
-def launch_detail(report: Report, attempt: int = 0) -> dict:
+def launch_detail(report: Report, attempt: int = 0) -> LaunchDetail:
     return next(s.detail for s in report.attempts[attempt].steps if s.step == "launch")
 
 
@@ -343,8 +344,8 @@ def test_a_recovery_saves_uncommitted_edits_as_a_patch_that_reapplies_cleanly(re
     assert (Path(t.repo_dir) / "model.py").read_text() == "VALUE = 1\n"
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", t.repo_dir, str(clone)], check=True)
-    subprocess.run(["git", "-C", str(clone), "apply", "--check", restore["patch"]], check=True)
-    subprocess.run(["git", "-C", str(clone), "apply", restore["patch"]], check=True)
+    subprocess.run(["git", "-C", str(clone), "apply", "--check", restore.patch], check=True)
+    subprocess.run(["git", "-C", str(clone), "apply", restore.patch], check=True)
     assert (clone / "model.py").read_text() == "VALUE = 2  # uncommitted experiment\n"
 
 
@@ -366,8 +367,8 @@ def test_a_recovery_keeps_the_users_previous_venv_aside_byte_for_byte(recovered,
         report = recover_training(t, force=n > 1)
         assert report.verdict is Verdict.HEALTHY, report.timeline()
         rebuild = next(s.detail for s in report.attempts[0].steps if s.step == "rebuild_venv")
-        asides.append(rebuild["old_venv"])
-        assert rebuild["pruned"] == ([asides[0]] if n == 3 else []), rebuild
+        asides.append(rebuild.old_venv)
+        assert rebuild.pruned == ([asides[0]] if n == 3 else []), rebuild
         (venv / "generation").write_text(f"{n}\n")
         generations.append(tree(venv))
     kept = venvs_beside(t, "old")

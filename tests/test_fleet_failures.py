@@ -267,7 +267,7 @@ def run_log(target: Target, run_id: str) -> str:
     return Path((Path(target.state_path) / "runs" / run_id / "log_path").read_text().strip()).read_text()
 
 
-def step_detail(report: Report, step: str, attempt: int = 0) -> dict:
+def step_detail(report: Report, step: str, attempt: int = 0):
     return next(s.detail for s in report.attempts[attempt].steps if s.step == step)
 
 
@@ -468,14 +468,14 @@ def test_a_hung_trainer_has_its_stacks_kept_before_it_is_stopped_and_relaunched(
     assert [s.step for s in first.steps] == ["capture_stacks", "stop", "launch"], told(report)
     stacks = step_detail(report, "capture_stacks")
     assert "skipped" not in stacks, stacks
-    path = Path(stacks["stacks_file"])
+    path = Path(stacks.stacks_file)
     assert path.parent == Path(t.state_path) / "stacks" and path.is_file(), stacks
     dump = path.read_text()
     assert f"py-spy dump --pid {hung_run[1]}" in dump and "fetch_batch" in dump and "all_reduce_grads" in dump, dump
-    frames = stacks["top_frames"]
+    frames = stacks.top_frames
     assert any(line.startswith("loader ") and "fetch_batch (hung.py:" in line for line in frames), frames
     assert any(line.startswith("MainThread ") and "all_reduce_grads (hung.py:" in line for line in frames), frames
-    assert "host-side" in stacks["gpus"], stacks["gpus"]
+    assert "host-side" in stacks.gpus, stacks.gpus
     assert report.verdict is Verdict.HEALTHY and len(runs(t)) == 2, told(report)
     assert hung_run not in live_trainers(t) and len(live_trainers(t)) == 1
 
@@ -491,10 +491,10 @@ def test_a_hung_trainer_is_stopped_and_relaunched_even_when_py_spy_cannot_be_ins
     first = report.attempts[0]
     assert (first.verdict, first.action) == (Verdict.STALLED, Action.DUMP_AND_RELAUNCH), told(report)
     stacks = step_detail(report, "capture_stacks")
-    assert (
-        stacks.get("skipped", "").startswith("cannot install py-spy:") and "py-spy" in stacks["skipped"][len("cannot install py-spy:") :]
-    ), stacks
-    assert not stacks.get("stacks_file") and not list((Path(t.state_path) / "stacks").glob("*")), stacks
+    assert (stacks.skipped or "").startswith("cannot install py-spy:") and "py-spy" in stacks.skipped[len("cannot install py-spy:") :], (
+        stacks
+    )
+    assert not stacks.stacks_file and not list((Path(t.state_path) / "stacks").glob("*")), stacks
     assert [s.step for s in first.steps] == ["capture_stacks", "stop", "launch"], told(report)
     assert report.verdict is Verdict.HEALTHY and len(runs(t)) == 2, told(report)
     assert hung_run not in live_trainers(t) and len(live_trainers(t)) == 1
@@ -541,11 +541,11 @@ def test_a_checkpoint_that_does_not_load_is_skipped_kept_and_never_taken_again(m
     ), told(report)
     relaunch = step_detail(report, "launch")
     assert (
-        relaunch["checkpoint"] == str(ckpt / "step_100.pt")
-        and "'step_600.pt': failed to load in an earlier attempt" in relaunch["checkpoint_why"]
+        relaunch.checkpoint == str(ckpt / "step_100.pt")
+        and "'step_600.pt': failed to load in an earlier attempt" in relaunch.checkpoint_why
     ), relaunch
     assert report.verdict is Verdict.HEALTHY, told(report)
-    assert f"resuming from {ckpt / 'step_100.pt'}" in run_log(t, relaunch["run_id"]) and "step=101 " in run_log(t, relaunch["run_id"])
+    assert f"resuming from {ckpt / 'step_100.pt'}" in run_log(t, relaunch.run_id) and "step=101 " in run_log(t, relaunch.run_id)
     assert sha256(broken) == kept, "the broken checkpoint is kept byte for byte"
     records = [r for r in Path(skipped_path(t)).read_bytes().split(b"\0") if r]
     assert len(records) == 1 and records[0].endswith(b"step_600.pt"), f"recorded once, by name: {records}"
@@ -556,7 +556,7 @@ def test_a_checkpoint_that_does_not_load_is_skipped_kept_and_never_taken_again(m
     wait_for_exit(t)
     again = recover(t)
     assert (again.attempts[0].cause, again.attempts[0].action) == (Cause.KILLED, Action.RELAUNCH), told(again)
-    assert step_detail(again, "launch")["checkpoint"] == str(ckpt / "step_100.pt"), told(again)
+    assert step_detail(again, "launch").checkpoint == str(ckpt / "step_100.pt"), told(again)
     assert again.verdict is Verdict.HEALTHY and len(runs(t)) == 3, told(again)
     assert sha256(broken) == kept
 
@@ -588,8 +588,8 @@ def test_a_diverged_run_is_relaunched_from_before_the_divergence_and_escalated_w
     nonfinite = first.metrics.first_nonfinite_step
     assert nonfinite is not None and 25 <= nonfinite <= 30, told(report)
     relaunch = step_detail(report, "launch")
-    assert relaunch["checkpoint"] == str(ckpt / "step_20.pt"), relaunch
-    assert f"resuming from {ckpt / 'step_20.pt'}" in run_log(t, relaunch["run_id"]) and "step=21 " in run_log(t, relaunch["run_id"])
+    assert relaunch.checkpoint == str(ckpt / "step_20.pt"), relaunch
+    assert f"resuming from {ckpt / 'step_20.pt'}" in run_log(t, relaunch.run_id) and "step=21 " in run_log(t, relaunch.run_id)
     assert len(report.attempts) == 2 and (second.verdict, second.action) == (Verdict.DIVERGED, Action.ESCALATE), told(report)
     assert second.metrics.first_nonfinite_step == nonfinite, "the same step diverges again: the schedule, not bad luck"
     assert not report.ok and len(runs(t)) == 2, told(report)
@@ -619,7 +619,7 @@ def test_a_native_crash_is_relaunched_once_and_escalated_when_it_repeats(made, t
     first = report.attempts[0]
     assert (first.verdict, first.cause, first.action) == (Verdict.CRASHED, Cause.NATIVE_CRASH, Action.RELAUNCH), told(report)
     assert "exit code 139 (SIGSEGV, raised by the trainer's own native code)" in first.evidence, told(report)
-    assert step_detail(report, "launch")["checkpoint"] == f"{t.checkpoint_dir}/step_5", told(report)
+    assert step_detail(report, "launch").checkpoint == f"{t.checkpoint_dir}/step_5", told(report)
     assert len(report.attempts) == 2, told(report)
     second = report.attempts[1]
     assert (second.verdict, second.cause, second.action) == (Verdict.CRASHED, Cause.NATIVE_CRASH, Action.ESCALATE), told(report)

@@ -199,9 +199,8 @@ def told(report: Report) -> str:
     )
 
 
-def step_detail(report: Report, step: str, attempt: int = 0) -> dict:
-    detail = next(s.detail for s in report.attempts[attempt].steps if s.step == step)
-    return detail.model_dump() if hasattr(detail, "model_dump") else dict(detail)
+def step_detail(report: Report, step: str, attempt: int = 0):
+    return next(s.detail for s in report.attempts[attempt].steps if s.step == step)
 
 
 def run_log(target: Target, run_id: str) -> str:
@@ -249,7 +248,7 @@ def test_a_killed_rank_is_named_the_whole_group_stopped_and_the_run_resumed_from
     assert "died of SIGKILL" in first.summary and "ChildFailedError" not in first.summary, told(report)
     assert first.evidence[0] == first.summary, told(report)
     assert not still_alive(group), f"processes of the old group still alive: {still_alive(group)}"
-    assert step_detail(report, "launch")["checkpoint"] == str(newest), told(report)
+    assert step_detail(report, "launch").checkpoint == str(newest), told(report)
     assert report.verdict is Verdict.HEALTHY and report.ok, told(report)
     second_run = current(t)
     assert runs(t) == [first_run, second_run], runs(t)
@@ -301,8 +300,8 @@ def test_a_rank_hung_before_a_collective_is_stalled_with_both_ranks_stacks_kept_
     assert (first.verdict, first.action) == (Verdict.STALLED, Action.DUMP_AND_RELAUNCH), told(report)
     assert [s.step for s in first.steps] == ["capture_stacks", "stop", "launch"], told(report)
     stacks = step_detail(report, "capture_stacks")
-    assert not stacks.get("skipped"), stacks
-    dump = Path(stacks["stacks_file"]).read_text()
+    assert not stacks.skipped, stacks
+    dump = Path(stacks.stacks_file).read_text()
     sections = {pid: text for pid, text in (_section(part) for part in dump.split("=== py-spy dump --pid ")[1:])}
     missing = [rank for rank, pid in ranks.items() if pid not in sections]
     assert not missing, (
@@ -312,12 +311,12 @@ def test_a_rank_hung_before_a_collective_is_stalled_with_both_ranks_stacks_kept_
     )
     assert "fetch_batch (" in sections[ranks[1]] and "fetch_batch (" not in sections[ranks[0]], dump
     assert "all_reduce_grads (" in sections[ranks[0]] and "all_reduce (" in sections[ranks[0]], dump
-    frames = stacks["top_frames"]
+    frames = stacks.top_frames
     assert any(line.startswith("MainThread ") and "fetch_batch (multirank.py:" in line for line in frames), frames
     assert any(line.startswith("MainThread ") and "all_reduce (" in line for line in frames), frames
     assert not still_alive(group), f"processes of the old group still alive: {still_alive(group)}"
     assert report.verdict is Verdict.HEALTHY and report.ok and len(runs(t)) == 2, told(report)
-    newest = step_detail(report, "launch")["checkpoint"]
+    newest = step_detail(report, "launch").checkpoint
     assert newest and f"resumed from {newest}" in run_log(t, current(t)), told(report)
 
 
