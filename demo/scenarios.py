@@ -58,9 +58,12 @@ def say(message: str) -> None:
     print(f"[demo] {message}", file=sys.stderr, flush=True)
 
 
-def prepare(scenario: str, work: Path) -> Target:
-    """A fresh target in work/, broken as the scenario says, its broken run already dead or crawling."""
-    name = f"relaunch-demo-{scenario}"
+def prepare(scenario: str, work: Path, name: str | None = None) -> Target:
+    """A fresh target in work/, broken as the scenario says, its broken run already dead or crawling.
+
+    `name` (also its tmux session) defaults to relaunch-demo-SCENARIO; give another where two may run at once.
+    """
+    name = name or f"relaunch-demo-{scenario}"
     if work.exists():
         _stop_previous(work, name)
         shutil.rmtree(work)

@@ -116,7 +116,8 @@ def test_the_demo_target_recovers_over_ssh_through_a_container(tmp_path, sshd: S
     from demo.scenarios import prepare
 
     sshd.set_containers(running=["200"])
-    local = prepare("missing-dependency", tmp_path / "demo")  # broken and crashed, as the demo does it
+    # Broken and crashed, as the demo does it; its own name, so the demo scenario tests may run beside it.
+    local = prepare("missing-dependency", tmp_path / "demo", name="relaunch-remote-missing-dependency")
     target = local.model_copy(update={"host": sshd.container_host("pct", "200")})
     try:
         report = recover_training(target)
