@@ -16,6 +16,7 @@ from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.playbook import Action, choose_action, resume_constraints, steps_for
 from relaunch.report import Report
+from relaunch.runfiles import new_run_id, utc_stamp
 from relaunch.steps import Step, StepRecord
 from tasks.capture_stacks import capture_stacks
 from tasks.common import log
@@ -33,11 +34,13 @@ from tasks.warm_cache import warm_cache
 
 def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepRecord], str | None]:
     steps, run_id = [], None
+    # Names fixed here, not in the steps: a step retried after a dropped connection finds what its first try made.
+    stamp = utc_stamp()
     for step in steps_for(action, health.snapshot.unfinished_steps):
         if step is Step.STOP:
             record = stop(target)
         elif step is Step.REBUILD_VENV:
-            record = rebuild_venv(target)
+            record = rebuild_venv(target, stamp=stamp)
         elif step is Step.INSTALL_PACKAGE:
             record = install_package(target, health.diagnosis.package or "")
         elif step is Step.RESTORE_CODE:
@@ -48,7 +51,7 @@ def run_steps(target: Target, action: Action, health: HealthResult, attempt: int
             record = capture_stacks(target, health.snapshot)
         else:
             before_step, refuse = resume_constraints(health.diagnosis)
-            run, record = launch(target, attempt, before_step=before_step, refuse=refuse)
+            run, record = launch(target, attempt, before_step=before_step, refuse=refuse, run_id=new_run_id(attempt, stamp=stamp))
             run_id = run.run_id
         steps.append(record)
     return steps, run_id

@@ -23,8 +23,8 @@ def utc_stamp(now: datetime | None = None) -> str:
     return (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
-def new_run_id(attempt: int, now: datetime | None = None) -> str:
-    return f"{utc_stamp(now)}-a{attempt}"
+def new_run_id(attempt: int, now: datetime | None = None, stamp: str | None = None) -> str:
+    return f"{stamp or utc_stamp(now)}-a{attempt}"
 
 
 def run_dir(target: Target, run_id: str) -> str:

@@ -121,6 +121,7 @@ class LaunchDetail(_Detail):
     checkpoint: str | None
     checkpoint_why: str = Field("", description="Why this checkpoint (or none) was chosen, and what was skipped.")
     command: str
+    adopted: bool = Field(False, description="A retry after a dropped connection found this run started by the first try, and kept it.")
 
     def notes(self) -> list[str]:
         return [f"checkpoint: {self.checkpoint_why}"] if self.checkpoint_why else []

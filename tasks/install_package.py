@@ -6,7 +6,7 @@ from relaunch.commands import Command
 from relaunch.config import Target
 from relaunch.steps import InstallDetail, Step, StepRecord
 from tasks.common import execute, log, step_task, timed
-from tasks.leftovers import tracked
+from tasks.leftovers import stop_earlier_try, tracked
 from tasks.rebuild_venv import installer_flags
 
 
@@ -24,6 +24,7 @@ def plan_install(target: Target, package: str) -> Command:
 
 @step_task("install_package")
 def install_package(target: Target, package: str) -> StepRecord:
+    stop_earlier_try(target)
     with timed() as clock:
         out = execute(
             target,

@@ -13,7 +13,7 @@ from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
 from relaunch.steps import RebuildDetail, Step, StepRecord
 from tasks.common import Progress, artifact_key, execute, log, step_task, timed
-from tasks.leftovers import tracked
+from tasks.leftovers import stop_earlier_try, tracked
 
 BUILDING_MARKER = ".relaunch-building"
 
@@ -116,8 +116,10 @@ def drift(lock: dict[str, str], installed: dict[str, str]) -> list[str]:
 
 
 @step_task("rebuild_venv", retries=1)
-def rebuild_venv(target: Target) -> StepRecord:
-    stamp = utc_stamp()
+def rebuild_venv(target: Target, stamp: str | None = None) -> StepRecord:
+    """`stamp` names the venv moved aside; fixed by the caller, a retry after a dropped connection finds the first try's."""
+    stop_earlier_try(target)
+    stamp = stamp or utc_stamp()
     plan = plan_rebuild(target, stamp)
     progress = Progress(artifact_key(target.name, "rebuild-venv"), "rebuilding the venv")
     detail = RebuildDetail()

@@ -16,7 +16,7 @@ from relaunch.host import host_script
 from relaunch.runfiles import trainer_env, utc_stamp
 from relaunch.steps import Step, StepRecord, WarmDetail
 from tasks.common import Progress, artifact_key, execute, log, step_task, timed
-from tasks.leftovers import tracked
+from tasks.leftovers import stop_earlier_try, tracked
 
 WARMUP_TIMEOUT_SECONDS = 3 * 3600
 WARMING_MARKER = ".relaunch-warming"
@@ -106,6 +106,7 @@ def clear_cache(target: Target, plan: dict[str, Command], detail: WarmDetail) ->
 
 @step_task("warm_cache", retries=1)
 def warm_cache(target: Target) -> StepRecord:
+    stop_earlier_try(target)
     plan = plan_warm(target, utc_stamp())
     progress = Progress(artifact_key(target.name, "warm-cache"), "warming the compile cache")
     detail = WarmDetail()

@@ -4,7 +4,24 @@
 # shellcheck source=lib.sh
 . ./lib.sh
 state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7 venv=$8 cache=$9 checkpoint=${10}; shift 10
+# One launch at a time: a retry after a dropped connection may start while the first try still runs here.
+mkdir -p "$state" || exit 12
+exec 9>>"$state/launch.lock"
+flock -w "${wait_s%.*}" 9 || { echo "another launch holds $state/launch.lock for over ${wait_s}s: refusing to start a second trainer"; exit 17; }
+wait_for_pid() {
+  local end; end=$(( $(date +%s) + ${wait_s%.*} ))
+  until [ -e "$1/pid" ] || [ -e "$1/exit_code" ]; do
+    [ "$(date +%s)" -ge "$end" ] && { echo "no PID recorded within ${wait_s}s"; exit 14; }
+    sleep 0.05
+  done
+  cat "$1/pid" 2>/dev/null || echo "exited at once"
+}
 cur=$(current_run "$state")
+if [ "$cur" = "$run_id" ]; then
+  # An earlier try of this very launch got this far before its connection dropped: its trainer is the one.
+  wait_for_pid "$(run_folder "$state" "$run_id")"
+  echo "adopted"; exit 0
+fi
 pid='' pstart=''
 if [ -n "$cur" ]; then
   read_pid "$(run_folder "$state" "$cur")/pid" pid pstart
@@ -23,10 +40,6 @@ printf '%s\n' "$checkpoint" > "$run/checkpoint"
 date +%s.%N > "$run/started_at"
 printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$state/current"
 # Several arguments: tmux runs them directly, with no shell in between to quote for.
-tmux new-session -d -s "$session" -x 220 -y 50 bash "$run/launcher.sh" "$run" || exit 13
-end=$(( $(date +%s) + ${wait_s%.*} ))
-until [ -e "$run/pid" ] || [ -e "$run/exit_code" ]; do
-  [ "$(date +%s)" -ge "$end" ] && { echo "no PID recorded within ${wait_s}s"; exit 14; }
-  sleep 0.05
-done
-cat "$run/pid" 2>/dev/null || echo "exited at once"
+# 9>&-: the lock is the launch's alone; a tmux server or trainer inheriting it would hold it for the whole run.
+tmux new-session -d -s "$session" -x 220 -y 50 bash "$run/launcher.sh" "$run" 9>&- || exit 13
+wait_for_pid "$run"

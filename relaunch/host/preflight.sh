@@ -3,7 +3,7 @@
 # Every reason the recovery would fail, before anything changes.
 repo=$1 ref=$2 lock=$3 venv=$4 min_kb=$5 logdir=$6 need_gpu=$7 python=$8
 problem() { echo "PROBLEM: $*"; }
-for tool in git tmux; do command -v "$tool" >/dev/null 2>&1 || problem "$tool is not installed"; done
+for tool in git tmux flock; do command -v "$tool" >/dev/null 2>&1 || problem "$tool is not installed"; done
 command -v uv >/dev/null 2>&1 || problem "uv is not installed (needed to build the venv)"
 command -v "$python" >/dev/null 2>&1 || [ -x "$python" ] || problem "python '$python' not found"
 [ "$need_gpu" = 1 ] && ! command -v nvidia-smi >/dev/null 2>&1 && problem "nvidia-smi is not installed but GPUs are expected"

@@ -11,8 +11,10 @@ for rec in "$dir"/*; do
   # Only a group our own `timeout` leads (the recorded shell's parent) is ours to signal as a group.
   [ "$pgid" = "$ppid" ] || pgid=$pid
   if ! alive "$pid" "$start"; then rm -f -- "$rec"; continue; fi
-  echo "stopping ${rec##*/} (PID $pid, process group $pgid), left running by a killed recovery"
+  echo "stopping ${rec##*/} (PID $pid, process group $pgid), left running by a recovery that was killed or lost its connection"
   kill -TERM -- "-$pgid" 2>/dev/null; kill -TERM "$pid" 2>/dev/null
+  # A stopped process acts on TERM only once continued.
+  kill -CONT -- "-$pgid" 2>/dev/null; kill -CONT "$pid" 2>/dev/null
   end=$(( $(date +%s) + timeout_s ))
   while alive "$pid" "$start" && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
   if alive "$pid" "$start"; then kill -KILL -- "-$pgid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; sleep 0.2; fi
