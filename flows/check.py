@@ -32,7 +32,7 @@ def check_training(target: Target, recover: bool = False) -> Report:
     tag_flow_run(target)
     with tags(*run_tags(target)):
         health = checked(target, 1)
-    action, why = remedy(health.diagnosis)
+    action, why, _ = remedy(health.diagnosis)
     verdict = health.diagnosis.verdict
     act = recover and verdict in RECOVERABLE
     report.attempts.append(attempt_from(1, health, action, f"recovering through recover-training: {why}" if act else f"would do: {why}"))

@@ -164,7 +164,7 @@ def _row_and_report(target: Target, result: HealthResult | BaseException, recove
         report.message = message
         return FleetRow(target=target.name, host=target.host.label, message=message), report
     d = result.diagnosis
-    action, why = remedy(d)
+    action, why, _ = remedy(d)
     acting = recover and d.verdict in RECOVERABLE
     report.attempts.append(attempt_from(1, result, action, f"recovering through recover-training: {why}" if acting else f"would do: {why}"))
     report.gpus = result.snapshot.gpus

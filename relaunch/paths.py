@@ -75,24 +75,25 @@ def overlaps(a: str, b: str) -> bool:
 
 def check_cache_dir_is_dedicated(cache: str, protected: dict[str, str]) -> None:
     """The cache is cleared: it may not equal, hold or lie inside any folder of the user's work or the system."""
-    path = normalise(cache)
-    for field, folder in protected.items():
-        if overlaps(path, normalise(folder)):
-            raise ValueError(
-                f"inductor_cache_dir {cache!r} overlaps {field} {folder!r}: clearing the cache would touch it; use a dedicated folder such as /tmp/torchinductor_<user>"
-            )
-    _check_not_system(path, "inductor_cache_dir", cache)
+    _check_dedicated(
+        "inductor_cache_dir",
+        cache,
+        protected,
+        "clearing the cache would touch it; use a dedicated folder such as /tmp/torchinductor_<user>",
+    )
 
 
 def check_venv_dir_is_dedicated(venv: str, protected: dict[str, str]) -> None:
     """The venv is moved aside and replaced: it may not equal or hold logs, checkpoints or relaunch's own state."""
-    path = normalise(venv)
-    for field, folder in protected.items():
+    _check_dedicated("venv_dir", venv, protected, "replacing the venv would move it; give the venv its own folder")
+
+
+def _check_dedicated(field: str, given: str, protected: dict[str, str], why: str) -> None:
+    path = normalise(given)
+    for other, folder in protected.items():
         if overlaps(path, normalise(folder)):
-            raise ValueError(
-                f"venv_dir {venv!r} overlaps {field} {folder!r}: replacing the venv would move it; give the venv its own folder"
-            )
-    _check_not_system(path, "venv_dir", venv)
+            raise ValueError(f"{field} {given!r} overlaps {other} {folder!r}: {why}")
+    _check_not_system(path, field, given)
 
 
 def _check_not_system(path: str, field: str, given: str) -> None:

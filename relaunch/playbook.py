@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import NamedTuple
 
 from relaunch.diagnosis import Diagnosis
 from relaunch.steps import Step
@@ -31,76 +32,82 @@ STEPS: dict[Action, list[Step]] = {
     Action.ESCALATE: [],
 }
 
-# (verdict, cause) -> (action, why). A cause of None matches any cause of that verdict.
-PLAYBOOK: dict[tuple[Verdict, Cause | None], tuple[Action, str]] = {
-    (Verdict.HEALTHY, None): (Action.NONE, "running well: change nothing"),
-    (Verdict.FINISHED, None): (Action.NONE, "training ran to its end: nothing to recover"),
-    (Verdict.STARTING, None): (Action.NONE, "still starting: wait"),
-    (Verdict.UNKNOWN, None): (Action.FULL_RECOVERY, "no trainer on record: run the full procedure and launch"),
-    (Verdict.DEGRADED, None): (
+
+class Remedy(NamedTuple):
+    action: Action
+    why: str
+    # May happen once by bad luck, but not twice: the second time a person must look.
+    once_only: bool = False
+
+
+# (verdict, cause) -> remedy. A cause of None matches any cause of that verdict.
+PLAYBOOK: dict[tuple[Verdict, Cause | None], Remedy] = {
+    (Verdict.HEALTHY, None): Remedy(Action.NONE, "running well: change nothing"),
+    (Verdict.FINISHED, None): Remedy(Action.NONE, "training ran to its end: nothing to recover"),
+    (Verdict.STARTING, None): Remedy(Action.NONE, "still starting: wait"),
+    (Verdict.UNKNOWN, None): Remedy(Action.FULL_RECOVERY, "no trainer on record: run the full procedure and launch"),
+    (Verdict.DEGRADED, None): Remedy(
         Action.REWARM_AND_RELAUNCH,
         "slow run: restore known-good code, clear and re-warm the compile cache, relaunch",
     ),
-    (Verdict.STALLED, None): (
+    (Verdict.STALLED, None): Remedy(
         Action.DUMP_AND_RELAUNCH,
         "hung: keep every thread's stack (py-spy), stop it, relaunch from the newest checkpoint",
     ),
-    (Verdict.DIVERGED, None): (
+    (Verdict.DIVERGED, None): Remedy(
         Action.RELAUNCH_EARLIER,
         "diverged: relaunch from the newest checkpoint written before the first non-finite step; escalate if it diverges again",
+        once_only=True,
     ),
-    (Verdict.CRASHED, Cause.GPU_FAULT): (
+    (Verdict.CRASHED, Cause.GPU_FAULT): Remedy(
         Action.ESCALATE,
         "a GPU failed: never relaunch onto it; reset or replace the GPU the evidence names, then recover",
     ),
-    (Verdict.CRASHED, Cause.DISK_FULL): (
+    (Verdict.CRASHED, Cause.DISK_FULL): Remedy(
         Action.ESCALATE,
         "disk full: free space where the evidence says, then recover (checkpoints written as it filled are skipped)",
     ),
-    (Verdict.CRASHED, Cause.NATIVE_CRASH): (
+    (Verdict.CRASHED, Cause.NATIVE_CRASH): Remedy(
         Action.RELAUNCH,
         "native crash (a signal from its own code): relaunch from the newest checkpoint once; escalate if it repeats",
+        once_only=True,
     ),
-    (Verdict.CRASHED, Cause.BROKEN_CHECKPOINT): (
+    (Verdict.CRASHED, Cause.BROKEN_CHECKPOINT): Remedy(
         Action.RELAUNCH_EARLIER,
         "died loading its checkpoint: relaunch from the one before it; the broken one is kept, recorded as skipped",
     ),
-    (Verdict.CRASHED, Cause.FX_TRACING_RACE): (
+    (Verdict.CRASHED, Cause.FX_TRACING_RACE): Remedy(
         Action.FULL_RECOVERY,
         "FX tracing race comes from a drifted venv: rebuild it to the exact lock, re-warm single-threaded, relaunch",
     ),
-    (Verdict.CRASHED, Cause.MISSING_DEPENDENCY): (
+    (Verdict.CRASHED, Cause.MISSING_DEPENDENCY): Remedy(
         Action.INSTALL_AND_RELAUNCH,
         "install the missing package into the venv and relaunch (then add it to the lock)",
     ),
-    (Verdict.CRASHED, Cause.COMPILE_ERROR): (
+    (Verdict.CRASHED, Cause.COMPILE_ERROR): Remedy(
         Action.REWARM_AND_RELAUNCH,
         "kernel build failed: clear and re-warm the compile cache, relaunch",
     ),
-    (Verdict.CRASHED, Cause.SILENT_EXIT): (Action.RELAUNCH, "vanished without a trace: relaunch from the newest checkpoint"),
-    (Verdict.CRASHED, Cause.KILLED): (Action.RELAUNCH, "killed from outside: relaunch from the newest checkpoint"),
-    (Verdict.CRASHED, Cause.NCCL_FAILURE): (Action.RELAUNCH, "collective failed: relaunch from the newest checkpoint"),
-    (Verdict.CRASHED, Cause.CUDA_OOM): (
+    (Verdict.CRASHED, Cause.SILENT_EXIT): Remedy(Action.RELAUNCH, "vanished without a trace: relaunch from the newest checkpoint"),
+    (Verdict.CRASHED, Cause.KILLED): Remedy(Action.RELAUNCH, "killed from outside: relaunch from the newest checkpoint"),
+    (Verdict.CRASHED, Cause.NCCL_FAILURE): Remedy(Action.RELAUNCH, "collective failed: relaunch from the newest checkpoint"),
+    (Verdict.CRASHED, Cause.CUDA_OOM): Remedy(
         Action.RELAUNCH,
         "GPU out of memory: relaunch from the newest checkpoint once; if it repeats, reduce memory (e.g. average weights on CPU)",
     ),
-    (Verdict.CRASHED, Cause.HOST_OOM_KILLED): (
+    (Verdict.CRASHED, Cause.HOST_OOM_KILLED): Remedy(
         Action.RELAUNCH,
         "host out of memory: relaunch from the newest checkpoint once; if it repeats, reduce host memory use",
     ),
-    (Verdict.CRASHED, Cause.ERROR): (Action.FULL_RECOVERY, "unexplained error: run the full procedure once"),
-    (Verdict.CRASHED, None): (Action.FULL_RECOVERY, "crashed: run the full procedure once"),
+    (Verdict.CRASHED, Cause.ERROR): Remedy(Action.FULL_RECOVERY, "unexplained error: run the full procedure once"),
+    (Verdict.CRASHED, None): Remedy(Action.FULL_RECOVERY, "crashed: run the full procedure once"),
 }
 
 
-# Causes that may happen once by bad luck, but not twice: the second time a person must look.
-ONCE_ONLY = frozenset({(Verdict.DIVERGED, None), (Verdict.CRASHED, Cause.NATIVE_CRASH)})
-
-
-def remedy(diagnosis: Diagnosis) -> tuple[Action, str]:
+def remedy(diagnosis: Diagnosis) -> Remedy:
     if diagnosis.cause is Cause.DISK_FULL and not diagnosis.disk_still_full:
         # The log says the disk filled, but the poll finds room again (someone freed it, or a cleanup ran).
-        return (
+        return Remedy(
             Action.RELAUNCH_EARLIER,
             "the disk filled and has room again: relaunch from the newest checkpoint before the last step the log reached",
         )
@@ -123,7 +130,7 @@ def choose_action(
     diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left: int, force: bool = False, unfinished: list[str] | None = None
 ) -> tuple[Action, str]:
     """The next action, or ESCALATE when the same failure repeats with no progress or the budget is spent."""
-    action, why = remedy(diagnosis)
+    action, why, once_only = remedy(diagnosis)
     if force and action is Action.NONE and diagnosis.verdict is not Verdict.STARTING:
         return Action.FULL_RECOVERY, "forced: run the full procedure even though the run looks fine"
     if action is Action.NONE:
@@ -133,7 +140,7 @@ def choose_action(
             Action.ESCALATE,
             f"{_label(diagnosis)} again with no progress after '{remedy(earlier[-1])[0].value}': stopping; a person must look",
         )
-    if earlier and _same_failure(earlier[-1], diagnosis) and (diagnosis.verdict, diagnosis.cause) in ONCE_ONLY:
+    if earlier and _same_failure(earlier[-1], diagnosis) and once_only:
         return Action.ESCALATE, f"{_label(diagnosis)} again after '{remedy(earlier[-1])[0].value}': it repeats, so a person must look"
     if attempts_left <= 0:
         return Action.ESCALATE, "attempts budget spent"
@@ -177,7 +184,7 @@ def _label(d: Diagnosis) -> str:
 def playbook_table() -> str:
     """The README's playbook table, generated from PLAYBOOK."""
     rows = ["| verdict | cause | action | steps | why |", "| --- | --- | --- | --- | --- |"]
-    for (verdict, cause), (action, why) in PLAYBOOK.items():
+    for (verdict, cause), (action, why, _) in PLAYBOOK.items():
         steps = " → ".join(s.value for s in STEPS[action]) or "—"
         rows.append(f"| {verdict.value} | {cause.value if cause else 'any'} | {action.value} | {steps} | {why} |")
     return "\n".join(rows)

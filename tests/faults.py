@@ -237,6 +237,35 @@ def reap(target: Target) -> None:
     subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], capture_output=True)
 
 
+@contextmanager
+def making(tmp_path: Path, after: Callable[[Target], object] | None = None, **defaults: object) -> Iterator[Callable[..., Target]]:
+    """A factory of shell targets under tmp_path (`after` readies each); at the end every trainer and session they
+    started is stopped and reaped, even when one stop complains (the first complaint is raised after)."""
+    from tasks.stop import stop
+    from tests.targets import shell_target
+
+    targets: list[Target] = []
+
+    def make(**overrides: object) -> Target:
+        targets.append(shell_target(tmp_path / f"target{len(targets)}", **{**defaults, **overrides}))
+        if after:
+            after(targets[-1])
+        return targets[-1]
+
+    try:
+        yield make
+    finally:
+        failures = []
+        for t in targets:
+            try:
+                stop.fn(t)
+            except Exception as exc:  # noqa: BLE001 - reap every target, then report
+                failures.append(exc)
+            reap(t)
+        if failures:
+            raise failures[0]
+
+
 def kill_group(proc: subprocess.Popen, timeout: float = 30) -> None:
     """SIGKILL a process this test started in its own session, and everything left in its group; wait until gone."""
     try:

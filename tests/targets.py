@@ -111,3 +111,9 @@ def current(target: Target) -> str:
 
 def current_log(target: Target) -> Path:
     return Path(Path(runlayout.record(target.state_path, current(target), runlayout.LOG_PATH)).read_text().strip())
+
+
+def step_detail(report, step: str, attempt: int | None = None):
+    """The typed detail of a step in one attempt of a report, or of its first run in any attempt."""
+    attempts = report.attempts if attempt is None else [report.attempts[attempt]]
+    return next(s.detail for a in attempts for s in a.steps if s.step == step)

@@ -51,6 +51,7 @@ from tests.faults import (
     kill_group,
     live_supervisor_groups,
     live_trainers,
+    making,
     reap,
     reference,
     render_matrix,
@@ -62,7 +63,7 @@ from tests.faults import (
     wait_for,
     write_target,
 )
-from tests.targets import current_log, finished, runs, shell_target
+from tests.targets import current_log, finished, runs, shell_target, step_detail
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -140,7 +141,7 @@ def host_tree(target: Target, *, state: bool = True, live: tuple[Path, ...] = ()
 
 
 def launch_detail(report: Report, attempt: int = 0) -> LaunchDetail:
-    return next(s.detail for s in report.attempts[attempt].steps if s.step == "launch")
+    return step_detail(report, "launch", attempt)
 
 
 def venv_family(target: Target) -> dict[str, dict[str, str]]:
@@ -157,24 +158,10 @@ def venvs_beside(target: Target, kind: str) -> list[Path]:
 @pytest.fixture
 def made(tmp_path):
     """Build shell targets (trainer resumes from the newest checkpoint); every trainer and session they start is stopped afterwards, even on failure."""
-    targets: list[Target] = []
-
-    def make(**overrides) -> Target:
-        fields = {"launch_command": "bash resume.sh", "resume_arg": "{checkpoint}", **overrides}
-        targets.append(shell_target(tmp_path / f"target{len(targets)}", **fields))
-        commit(targets[-1], {"resume.sh": RESUME_SH})
-        return targets[-1]
-
-    yield make
-    failures = []
-    for t in targets:
-        try:
-            stop.fn(t)
-        except Exception as exc:  # noqa: BLE001 - reap every target, then report
-            failures.append(exc)
-        reap(t)
-    if failures:
-        raise failures[0]
+    with making(
+        tmp_path, after=lambda t: commit(t, {"resume.sh": RESUME_SH}), launch_command="bash resume.sh", resume_arg="{checkpoint}"
+    ) as make:
+        yield make
 
 
 @pytest.fixture(scope="session")

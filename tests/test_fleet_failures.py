@@ -31,9 +31,9 @@ from relaunch.verdicts import Cause, Verdict
 from tasks.health import collect_snapshot
 from tasks.launch import launch, skipped_path
 from tasks.stop import stop
-from tests.faults import LOST, MID_STEP, case, live_trainers, reap, sha256, tmpfs, tree, wait_for
+from tests.faults import LOST, MID_STEP, case, live_trainers, making, reap, sha256, tmpfs, tree, wait_for
 from tests.sshd import cannot_run_here
-from tests.targets import runs, shell_target, wait_for_exit
+from tests.targets import runs, step_detail, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -228,24 +228,12 @@ def host_commands(folder: Path, monkeypatch: pytest.MonkeyPatch, dmesg: str, nvi
 @pytest.fixture
 def made(tmp_path):
     """Targets on this machine with a venv in place (nothing left to redo); every trainer stopped afterwards, even on failure."""
-    targets: list[Target] = []
+    with making(tmp_path, after=with_venv, thresholds=FAST) as make:
+        yield make
 
-    def make(**overrides) -> Target:
-        t = shell_target(tmp_path / f"target{len(targets)}", **{"thresholds": FAST, **overrides})
-        subprocess.run(["uv", "venv", "-q", "--python", t.python, t.venv_dir], check=True)
-        targets.append(t)
-        return t
 
-    yield make
-    failures = []
-    for t in targets:
-        try:
-            stop.fn(t)
-        except Exception as exc:  # noqa: BLE001 - reap every target, then report
-            failures.append(exc)
-        reap(t)
-    if failures:
-        raise failures[0]
+def with_venv(t: Target) -> None:
+    subprocess.run(["uv", "venv", "-q", "--python", t.python, t.venv_dir], check=True)
 
 
 def trainer(tmp_path: Path, name: str, text: str) -> Path:
@@ -265,10 +253,6 @@ def recover(target: Target, **kwargs) -> Report:
 
 def run_log(target: Target, run_id: str) -> str:
     return Path((Path(target.state_path) / "runs" / run_id / "log_path").read_text().strip()).read_text()
-
-
-def step_detail(report: Report, step: str, attempt: int = 0):
-    return next(s.detail for s in report.attempts[attempt].steps if s.step == step)
 
 
 def told(report: Report) -> str:

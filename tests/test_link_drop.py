@@ -29,7 +29,7 @@ from relaunch.verdicts import Verdict
 from tasks.rebuild_venv import BUILDING_MARKER
 from tests.faults import MID_STEP, ONE, big_wheel, case, live_supervisor_groups, live_trainers, reap, start_time, wait_for
 from tests.netns import Fleet, fleet_of_hosts
-from tests.targets import finished, runs, shell_target
+from tests.targets import finished, runs, shell_target, step_detail
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -125,10 +125,6 @@ def drop_link_while_held(fleet: Fleet, target: Target, label: str, what: str) ->
     hold(first[2])
     fleet.down(0)
     return first
-
-
-def step_detail(report: Report, step: str) -> object:
-    return next(s.detail for a in report.attempts for s in a.steps if s.step == step)
 
 
 @case(

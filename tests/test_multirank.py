@@ -37,7 +37,7 @@ from tasks.launch import launch
 from tasks.stop import stop
 from tests.faults import MID_STEP, ONE, case, group_members, live_trainers, reap, start_time, wait_for
 from tests.sshd import cannot_run_here
-from tests.targets import current, runs, shell_target, wait_for_exit
+from tests.targets import current, runs, shell_target, step_detail, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -197,10 +197,6 @@ def told(report: Report) -> str:
             f"  message: {report.message}",
         ]
     )
-
-
-def step_detail(report: Report, step: str, attempt: int = 0):
-    return next(s.detail for s in report.attempts[attempt].steps if s.step == step)
 
 
 def run_log(target: Target, run_id: str) -> str:

@@ -14,7 +14,7 @@ from tasks.launch import launch
 from tasks.rebuild_venv import rebuild_venv
 from tasks.stop import stop
 from tasks.warm_cache import warm_cache
-from tests.faults import BAD_INPUT, LOST, MID_STEP, RELAUNCH, ROOT, case, cli_env, tree
+from tests.faults import BAD_INPUT, LOST, MID_STEP, RELAUNCH, ROOT, case, cli_env, making, tree
 from tests.targets import shell_target, wait_for_exit
 
 # Resumes from a checkpoint folder: reads (never writes) the step it records.
@@ -27,16 +27,8 @@ exec bash stepper.sh "$start"
 
 @pytest.fixture
 def made(tmp_path):
-    """Build targets with shell_target; every trainer they launch is stopped afterwards."""
-    targets = []
-
-    def make(**overrides):
-        targets.append(shell_target(tmp_path / str(len(targets)), **overrides))
-        return targets[-1]
-
-    yield make
-    for t in targets:
-        stop.fn(t)
+    with making(tmp_path) as make:
+        yield make
 
 
 def checkpoints(target, *names: str) -> None:

@@ -19,24 +19,16 @@ from tasks.rebuild_venv import rebuild_venv
 from tasks.restore_code import restore_code
 from tasks.stop import stop
 from tasks.warm_cache import warm_cache
-from tests.faults import wait_for
-from tests.targets import shell_target, tmux_alive
+from tests.faults import making, wait_for
+from tests.targets import tmux_alive
 
 LONG_POLL = 120  # seconds a poll may wait for the trainer to die: far longer than any wait these tests expect
 
 
 @pytest.fixture
 def made(tmp_path):
-    """Build targets with shell_target; every trainer they launch is stopped afterwards."""
-    targets = []
-
-    def make(**overrides):
-        targets.append(shell_target(tmp_path / str(len(targets)), **overrides))
-        return targets[-1]
-
-    yield make
-    for t in targets:
-        stop.fn(t)
+    with making(tmp_path) as make:
+        yield make
 
 
 @pytest.fixture
