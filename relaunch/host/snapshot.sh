@@ -5,6 +5,35 @@
 . ./lib.sh
 state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10} logdir=${11} ckpt=${12}
 M="@@relaunch-$nonce@@"
+# What `grep -a -b -B 12 -m 30 -E RE LOG` prints, read incrementally so a poll costs the new bytes, not the
+# whole log: RUN/scan keeps how far the log was scanned (and for which words), RUN/scan_matches what was found.
+# A log that shrank, or other words, is scanned again from the start. Each new scan starts 64 KiB before the
+# last one ended so that a failure just after it keeps its 12 lines of context; lines already kept are dropped.
+scan_failures() {
+  local run=$1 log=$2 size=$3 re=$4 from=0 sum='' key start seen last sep
+  exec 8>> "$run/scan.lock" && flock -w 30 8
+  key=$(printf '%s' "$re" | cksum); key=${key%% *}
+  { read -r from sum < "$run/scan"; } 2> /dev/null
+  if [ "$sum" != "$key" ] || [ "${from:-0}" -gt "$size" ] || [ ! -f "$run/scan_matches" ]; then from=0; : > "$run/scan_matches"; fi
+  seen=$(grep -c '^[0-9]*:' "$run/scan_matches")
+  if [ "$seen" -lt 30 ] && [ "$from" -lt "$size" ]; then
+    last=$(tail -n 1 "$run/scan_matches" | sed -n 's/^\([0-9]*\)[-:].*/\1/p')
+    start=$(( from > 65536 ? from - 65536 : 0 )) sep=0
+    [ -s "$run/scan_matches" ] && sep=1
+    tail -c +$((start + 1)) -- "$log" | head -c $((size - start)) | grep -a -b -B 12 -m 60 -E "$re" \
+      | awk -v base="$start" -v last="${last:--1}" -v sep="$sep" '
+          match($0, /^[0-9]+[-:]/) {
+            off = substr($0, 1, RLENGTH - 1) + base
+            if (off <= last) next
+            if (sep) { print "--"; sep = 0 }
+            print off substr($0, RLENGTH); next
+          }
+          $0 == "--" { sep = 1 }' | cut -c1-2000 >> "$run/scan_matches"
+    printf '%s %s\n' "$size" "$key" > "$run/scan.tmp" && mv -f "$run/scan.tmp" "$run/scan"
+  fi
+  awk '/^[0-9]+:/ { if (++n > 30) exit } { print }' "$run/scan_matches"
+  exec 8>&-
+}
 run_id=$(current_run "$state")
 run=$(run_folder "$state" "$run_id")
 pid='' pstart='' spid='' sstart=''
@@ -68,7 +97,7 @@ if [ -n "$log" ] && [ -f "$log" ]; then
   [ "$skip" -gt 0 ] && [ "$kept" -eq $((size - skip)) ] && echo "$M tail_partial 1"
   # The earliest failures anywhere in the log, with the frames before them, each prefixed by its byte offset.
   echo "$M matches"
-  grep -a -b -B 12 -m 30 -E "$failure_re" -- "$log" | cut -c1-2000
+  if [ -w "$run" ]; then scan_failures "$run" "$log" "$size" "$failure_re"; else grep -a -b -B 12 -m 30 -E "$failure_re" -- "$log"; fi | cut -c1-2000
   echo "$M tail"
   tail -c +$((size - kept + 1)) "$log" | head -c "$kept"
   echo
