@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup lint demo demo-all test serve bench bench-fleet
+.PHONY: setup lint demo demo-all test serve bench bench-fleet scale-demo
 
 setup: $(VENV)/.installed $(WHEELS)/.complete
 
@@ -51,3 +51,8 @@ bench: setup
 
 bench-fleet: setup
 	$(PY) bench/fleet_checks.py
+
+# The fleet check at scale on this machine: PostgreSQL, Redis, a Prefect server on them (API auth on), two workers and
+# SSH hosts in network namespaces (root), some broken; prints one JSON line. `make scale-demo HOSTS=16 BROKEN=4`.
+scale-demo: setup
+	$(PY) scripts/scale_demo.py --hosts $(or $(HOSTS),8) --broken $(or $(BROKEN),2)
