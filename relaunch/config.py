@@ -37,11 +37,10 @@ class Container(_Model):
     id: str = Field(min_length=1, description="Container id (pct) or name (docker).")
 
 
-class Host(_Model):
-    """Where the trainer runs: this machine, or a host reached over SSH."""
+class SSHLogin(_Model):
+    """One SSH server: where it listens, who logs in with which key, and how its host key is trusted."""
 
-    kind: Literal["local", "ssh"] = Field("local", description="`local` runs commands here; `ssh` through fabric.")
-    hostname: str = Field("localhost", description="SSH host name or address.")
+    hostname: str = Field(description="SSH host name or address.")
     port: int = Field(22, ge=1, le=65535, description="SSH port.")
     user: str = Field("root", description="SSH user.")
     known_hosts_path: str | None = Field(None, description="known_hosts file to verify the host key against (default ~/.ssh/known_hosts).")
@@ -49,19 +48,61 @@ class Host(_Model):
     key_path: str | None = Field(
         None, description="Private key file. The passphrase, if any, comes from RELAUNCH_SSH_PASSPHRASE or a Secret block."
     )
+    key_secret_block: str | None = Field(
+        None,
+        description="Name of a Prefect Secret block holding the private key's text (OpenSSH or PEM), used in memory only; instead of key_path.",
+    )
     passphrase_secret_block: str | None = Field(None, description="Name of a Prefect Secret block holding the key passphrase.")
-    connect_timeout_seconds: float = Field(10.0, gt=0, description="Give up connecting after this long.")
-    command_timeout_seconds: float = Field(600.0, gt=0, description="Default limit for one remote command.")
-    container: Container | None = Field(None, description="Run every command inside this container.")
 
-    @field_validator("hostname", "user", "known_hosts_path", "key_path", "passphrase_secret_block")
+    @field_validator("hostname", "user", "known_hosts_path", "key_path", "key_secret_block", "passphrase_secret_block")
     @classmethod
     def _no_control_characters(cls, value: str | None) -> str | None:
         return None if value is None else check_clean_text(value)
 
+    @model_validator(mode="after")
+    def _one_key_source(self) -> SSHLogin:
+        if self.key_path and self.key_secret_block:
+            raise ValueError(
+                "key_path and key_secret_block are both set: give one of them (a key file on this machine, or the Secret block holding the key)"
+            )
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+
+class JumpHost(SSHLogin):
+    """A bastion on the way to the host (OpenSSH's ProxyJump): the next hop is reached through a tunnel from it."""
+
+
+class Host(SSHLogin):
+    """Where the trainer runs: this machine, or a host reached over SSH, directly or through jump hosts."""
+
+    kind: Literal["local", "ssh"] = Field("local", description="`local` runs commands here; `ssh` through fabric.")
+    hostname: str = Field("localhost", description="SSH host name or address (as the last jump host resolves it, if any).")
+    connect_timeout_seconds: float = Field(10.0, gt=0, description="Give up connecting (to each hop) after this long.")
+    command_timeout_seconds: float = Field(600.0, gt=0, description="Default limit for one remote command.")
+    container: Container | None = Field(None, description="Run every command inside this container.")
+    jump: list[JumpHost] = Field(
+        default_factory=list,
+        description="Jump hosts passed through in order, each reached through the one before; the host through the last. Empty: direct.",
+    )
+
+    @model_validator(mode="after")
+    def _jump_needs_ssh(self) -> Host:
+        if self.jump and self.kind != "ssh":
+            raise ValueError("jump is set but kind is not ssh: jump hosts only lead to an ssh host (set kind: ssh, or remove jump)")
+        return self
+
+    @property
+    def route(self) -> str:
+        """user@host:port, and the jump hosts it is reached through (`root@10.0.0.5:22 via bastion@1.2.3.4:22`)."""
+        return f"{self.address} via {' -> '.join(j.address for j in self.jump)}" if self.jump else self.address
+
     @property
     def label(self) -> str:
-        where = "local" if self.kind == "local" else f"{self.user}@{self.hostname}:{self.port}"
+        where = "local" if self.kind == "local" else self.route
         return f"{where} ({self.container.kind} {self.container.id})" if self.container else where
 
 

@@ -1,13 +1,17 @@
 """Commands on a remote host over SSH: one fabric Connection per host, opened lazily and reused.
 
-Host keys are checked against known_hosts and unknown keys are refused unless the host opts
-into trust-on-first-use; a changed key is never accepted. Failures of the wire become
-TransportError (Prefect retries those); host-key and credential problems need a person.
+A host behind jump hosts is reached hop by hop through fabric's gateways (a direct-tcpip tunnel
+from each hop to the next). Host keys are checked against known_hosts on every hop and unknown
+keys are refused unless that hop opts into trust-on-first-use; a changed key is never accepted.
+A private key comes from a file or, held in memory only, from a Prefect Secret block. Failures of
+the wire become TransportError (Prefect retries those); host-key and credential problems need a person.
 """
 
 from __future__ import annotations
 
 import codecs
+import functools
+import io
 import logging
 import os
 import re
@@ -19,12 +23,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from fabric import Config, Connection
 from fabric.runners import Remote
 from invoke.exceptions import CommandTimedOut, ThreadException
 
 from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, MAX_COMMAND_BYTES, Command, Result, host_argv, timed_out_on_host
-from relaunch.config import Host
+from relaunch.config import Host, JumpHost, SSHLogin
 from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, TransportError
 from relaunch.transport import timeout_error
 
@@ -73,36 +79,77 @@ def _fabric_config() -> Config:
     return Config(ssh_config=paramiko.SSHConfig(), lazy=True, overrides={"runners": {"remote": _Remote}})
 
 
+class _Hop:
+    """One SSH server on the way to the host: a jump host, or the host itself (the last hop)."""
+
+    def __init__(self, login: SSHLogin, where: str, reached_from: JumpHost | None) -> None:
+        self.login, self.where, self.reached_from = login, where, reached_from
+
+    @property
+    def is_jump(self) -> bool:
+        return isinstance(self.login, JumpHost)
+
+    @property
+    def known_hosts(self) -> Path:
+        return Path(os.path.expanduser(self.login.known_hosts_path or "~/.ssh/known_hosts"))
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name known_hosts records this hop under, as OpenSSH and paramiko write it."""
+        return self.login.hostname if self.login.port == 22 else f"[{self.login.hostname}]:{self.login.port}"
+
+    def scan_advice(self) -> str:
+        scan = f"ssh-keyscan -p {self.login.port} {shlex.quote(self.login.hostname)}"
+        if self.reached_from is None:
+            return f"run `{scan} >> {shlex.quote(str(self.known_hosts))}`"
+        # Only the jump host before it can reach this hop, so the scan has to run there.
+        return f"run `{scan}` on {self.reached_from.address} (this hop is reachable only from there) and append its output to {self.known_hosts}"
+
+    def reach_advice(self) -> str:
+        seen_from = f" from {self.reached_from.address}" if self.reached_from else ""
+        return f"check that {self.login.hostname} is up and reachable{seen_from}, and that sshd listens on port {self.login.port}"
+
+
+def _route(host: Host) -> list[_Hop]:
+    """The jump hosts in order, then the host: each hop is reached through the one before it."""
+    hops: list[_Hop] = []
+    before: JumpHost | None = None
+    for i, jump in enumerate(host.jump, 1):
+        hops.append(_Hop(jump, f"jump host {jump.address} (hop {i} of {len(host.jump)} on the way to {host.address})", before))
+        before = jump
+    hops.append(_Hop(host, host.route, before))
+    return hops
+
+
 class _RefuseUnknown(paramiko.MissingHostKeyPolicy):
-    def __init__(self, host: Host, known_hosts: Path) -> None:
-        self.host, self.known_hosts = host, known_hosts
+    def __init__(self, hop: _Hop) -> None:
+        self.hop = hop
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        h = self.host
+        on_this = " on this jump host" if self.hop.is_jump else ""
         raise HostKeyError(
-            f"{h.user}@{h.hostname}:{h.port}: unknown host key {key.get_name()} {key.fingerprint} for {hostname}, "
-            f"not in {self.known_hosts}; refusing to connect.\n"
-            f"  what to do: check the fingerprint on the host itself (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), then run "
-            f"`ssh-keyscan -p {h.port} {shlex.quote(h.hostname)} >> {shlex.quote(str(self.known_hosts))}`, "
-            f"or set trust_on_first_use: true to record the key on the first connection"
+            f"{self.hop.where}: unknown host key {key.get_name()} {key.fingerprint} for {hostname}, "
+            f"not in {self.hop.known_hosts}; refusing to connect.\n"
+            f"  what to do: check the fingerprint on the host itself (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), then "
+            f"{self.hop.scan_advice()}, or set trust_on_first_use: true{on_this} to record the key on the first connection"
         )
 
 
 class _TrustOnFirstUse(_RefuseUnknown):
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        known_hosts = self.hop.known_hosts
         known = client.get_host_keys().lookup(hostname)
         if known:
             # Known under another key type: the server no longer offers the recorded key. Treat it as changed.
-            h = self.host
             recorded = ", ".join(f"{k.get_name()} {k.fingerprint}" for k in known.values())
             raise HostKeyError(
-                f"{h.user}@{h.hostname}:{h.port}: host key CHANGED for {hostname}: {self.known_hosts} records {recorded}, "
+                f"{self.hop.where}: host key CHANGED for {hostname}: {known_hosts} records {recorded}, "
                 f"the server offers only {key.get_name()} {key.fingerprint}. Possible man-in-the-middle; not accepted.\n"
-                f"  what to do: {_changed_advice(hostname, self.known_hosts)}"
+                f"  what to do: {_changed_advice(hostname, known_hosts)}"
             )
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Append one line rather than paramiko's save_host_keys, which rewrites the file and drops comments.
-        with open(self.known_hosts, "a+b") as f:
+        with open(known_hosts, "a+b") as f:
             f.seek(0, os.SEEK_END)
             if f.tell():
                 f.seek(-1, os.SEEK_END)
@@ -111,7 +158,12 @@ class _TrustOnFirstUse(_RefuseUnknown):
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
         client.get_host_keys().add(hostname, key.get_name(), key)
         log.warning(
-            "trust_on_first_use: recorded new host key %s %s for %s in %s", key.get_name(), key.fingerprint, hostname, self.known_hosts
+            "trust_on_first_use: recorded new host key %s %s for %s (%s) in %s",
+            key.get_name(),
+            key.fingerprint,
+            hostname,
+            self.hop.where,
+            known_hosts,
         )
 
 
@@ -122,22 +174,59 @@ def _changed_advice(hostname: str, known_hosts: Path) -> str:
     )
 
 
+class _TunnelFailed(Exception):
+    """The jump host before this hop could not open the tunnel (direct-tcpip channel) to it."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(_reason(cause))
+        self.cause = cause
+
+
+class _Connection(Connection):
+    """fabric's Connection; a failure to open the tunnel through the gateway is told apart from the hop's own handshake."""
+
+    def open_gateway(self) -> paramiko.Channel:
+        try:
+            return super().open_gateway()
+        except _WIRE_ERRORS as exc:
+            raise _TunnelFailed(exc) from exc
+
+
+# The key types paramiko can sign with, by the class cryptography loads them as (as PKey.from_path picks them).
+_KEY_CLASSES: tuple[tuple[type, type[paramiko.PKey]], ...] = (
+    (rsa.RSAPrivateKey, paramiko.RSAKey),
+    (ed25519.Ed25519PrivateKey, paramiko.Ed25519Key),
+    (ec.EllipticCurvePrivateKey, paramiko.ECDSAKey),
+)
+
+
+def _key_from_text(text: str, password: bytes | None) -> paramiko.PKey:
+    """A private key from its text, in memory only. Raises like PKey.from_path: TypeError when it is encrypted and
+    no password is given, ValueError (or SSHException) when the password is wrong or the text is not a key."""
+    data = text.encode()
+    try:
+        loaded = serialization.load_ssh_private_key(data, password=password)
+    except ValueError:
+        loaded = serialization.load_pem_private_key(data, password=password)
+    for crypto_class, key_class in _KEY_CLASSES:
+        if isinstance(loaded, crypto_class):
+            return key_class.from_private_key(io.StringIO(text), password=password)
+    raise ValueError(f"unsupported key type {type(loaded).__name__}")
+
+
 class SSHTransport:
-    """Runs commands on `host` over one SSH connection, reconnecting after it drops."""
+    """Runs commands on `host` over one SSH connection (through its jump hosts, if any), reconnecting after it drops."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
+        self._route = _route(host)
         self._lock = threading.Lock()
         self._conn: Connection | None = None
-        self._pkey: paramiko.PKey | None = None
-
-    @property
-    def _where(self) -> str:
-        return f"{self.host.user}@{self.host.hostname}:{self.host.port}"
+        self._pkeys: dict[int, paramiko.PKey] = {}  # by hop: each is loaded (and decrypted) once
 
     @property
     def known_hosts_path(self) -> Path:
-        return Path(os.path.expanduser(self.host.known_hosts_path or "~/.ssh/known_hosts"))
+        return self._route[-1].known_hosts
 
     def execute(self, command: Command) -> Result:
         timeout = command.timeout_seconds or self.host.command_timeout_seconds
@@ -161,7 +250,8 @@ class SSHTransport:
                 self.host.label,
                 command.display,
                 f"connection lost: {_reason(exc)}",
-                "retried automatically; if it persists check that the host is up and sshd is running",
+                f"retried automatically; if it persists check that the host{' and its jump hosts' if self.host.jump else ''} "
+                "are up and sshd is running",
             ) from exc
         elapsed = time.monotonic() - start
         # paramiko reports -1 when the channel closed without an exit status: the connection died mid-command
@@ -194,7 +284,7 @@ class SSHTransport:
         with self._lock:
             if self._conn is not None and not self._conn.is_connected:
                 # Found dead before anything was sent (sshd restarted, idle socket reset): reconnect transparently.
-                log.info("connection to %s was closed; reconnecting", self._where)
+                log.info("connection to %s was closed; reconnecting", self.host.route)
                 _close_quietly(self._conn)
                 self._conn = None
             if self._conn is None:
@@ -208,122 +298,179 @@ class SSHTransport:
         _close_quietly(conn)
 
     def _open(self, command: Command) -> Connection:
-        h = self.host
-        t = h.connect_timeout_seconds
+        # Hop by hop, each through the one before, so a failure is named by the hop it happened on; a jump host that
+        # dropped is never reopened on its own: the whole route is built again.
+        conn: Connection | None = None
+        try:
+            for i, hop in enumerate(self._route):
+                conn = self._open_hop(i, hop, conn, command)
+        except BaseException:
+            if conn is not None:
+                _close_quietly(conn)
+            raise
+        log.info("connected to %s", self.host.route)
+        assert conn is not None  # the route always ends with the host
+        return conn
+
+    def _open_hop(self, i: int, hop: _Hop, gateway: Connection | None, command: Command) -> Connection:
+        login, t = hop.login, self.host.connect_timeout_seconds
         # timeout goes in connect_kwargs: fabric's own connect_timeout is int()-ed, so 0.5 would mean "no timeout".
+        # channel_timeout also bounds the tunnel a jump host opens to the next hop.
         kwargs: dict[str, object] = dict(timeout=t, banner_timeout=t, auth_timeout=t, channel_timeout=t)
-        if h.key_path:
-            kwargs.update(pkey=self._private_key(), allow_agent=False, look_for_keys=False)
-        conn = Connection(h.hostname, user=h.user, port=h.port, config=_fabric_config(), connect_kwargs=kwargs)
-        known_hosts = self.known_hosts_path
+        if login.key_path or login.key_secret_block:
+            kwargs.update(pkey=self._private_key(i, hop), allow_agent=False, look_for_keys=False)
+        conn = _Connection(
+            login.hostname, user=login.user, port=login.port, config=_fabric_config(), connect_kwargs=kwargs, gateway=gateway
+        )
+        known_hosts = hop.known_hosts
         try:
             if known_hosts.exists():
                 # Into the client's own table, not load_host_keys: that would let paramiko rewrite the file.
                 conn.client.get_host_keys().load(str(known_hosts))
         except OSError as exc:
-            raise HostKeyError(f"{self._where}: cannot read known_hosts {known_hosts}: {exc.strerror}") from exc
+            raise HostKeyError(f"{hop.where}: cannot read known_hosts {known_hosts}: {exc.strerror}") from exc
         except paramiko.hostkeys.InvalidHostKey as exc:
             # paramiko rejects the whole file over one bad line (OpenSSH would skip it): a person must fix it.
-            raise HostKeyError(f"{self._where}: {known_hosts} has a malformed line, fix or remove it: {exc.line.strip()!r}") from exc
-        # Replaces fabric's AutoAddPolicy, which would accept any key.
-        policy = _TrustOnFirstUse if h.trust_on_first_use else _RefuseUnknown
-        conn.client.set_missing_host_key_policy(policy(h, known_hosts))
+            raise HostKeyError(f"{hop.where}: {known_hosts} has a malformed line, fix or remove it: {exc.line.strip()!r}") from exc
+        # Replaces fabric's AutoAddPolicy, which would accept any key: every hop is checked, not only the last.
+        policy = _TrustOnFirstUse if login.trust_on_first_use else _RefuseUnknown
+        conn.client.set_missing_host_key_policy(policy(hop))
         try:
             conn.open()
         except HostKeyError:
             _close_quietly(conn)
             raise
+        except _TunnelFailed as exc:
+            _close_quietly(conn)
+            assert hop.reached_from is not None  # only a hop behind a jump host has a tunnel
+            raise TransportError(
+                self.host.label,
+                command.display,
+                f"jump host {hop.reached_from.address} cannot open a tunnel to {login.hostname}:{login.port}: {exc}",
+                f"{hop.reach_advice()} (the jump host's sshd must allow TCP forwarding: AllowTcpForwarding yes)",
+            ) from exc.cause
         except paramiko.BadHostKeyException as exc:
             _close_quietly(conn)
+            # paramiko names the bare hostname; known_hosts (and so `ssh-keygen -R`) names [host]:port off port 22.
+            name = hop.known_hosts_name
             raise HostKeyError(
-                f"{self._where}: host key CHANGED for {exc.hostname}: {known_hosts} records "
+                f"{hop.where}: host key CHANGED for {name}: {known_hosts} records "
                 f"{exc.expected_key.get_name()} {exc.expected_key.fingerprint}, the server presented "
                 f"{exc.key.get_name()} {exc.key.fingerprint}. Possible man-in-the-middle; not accepted "
-                f"(trust_on_first_use never accepts a changed key).\n  what to do: {_changed_advice(exc.hostname, known_hosts)}"
+                f"(trust_on_first_use never accepts a changed key).\n  what to do: {_changed_advice(name, known_hosts)}"
             ) from None
         except paramiko.AuthenticationException as exc:
             _close_quietly(conn)
-            key = f"key {h.key_path}" if h.key_path else "the ssh agent and default keys (no key_path set)"
             raise AuthenticationFailed(
-                f"{self._where}: authentication failed with {key}: {_reason(exc)}\n"
-                f"  what to do: make sure the matching public key is in {h.user}'s authorized_keys on the host and the user is right"
+                f"{hop.where}: authentication failed with {_key_source(login)}: {_reason(exc)}\n"
+                f"  what to do: make sure the matching public key is in {login.user}'s authorized_keys on {login.hostname} "
+                "and the user is right"
             ) from exc
         except TimeoutError as exc:
             _close_quietly(conn)
             raise TransportError(
-                h.label,
+                self.host.label,
                 command.display,
-                f"no answer from {h.hostname}:{h.port} within {t:g} s",
-                "check that the host is up and reachable (network, firewall) and the port is right",
+                f"no answer from {hop.where} within {t:g} s",
+                f"{hop.reach_advice()} (network, firewall)",
             ) from exc
         except socket.gaierror as exc:
             _close_quietly(conn)
-            raise TransportError(h.label, command.display, f"cannot resolve {h.hostname}: {exc.strerror}", "check hostname") from exc
+            raise TransportError(
+                self.host.label, command.display, f"cannot resolve {login.hostname} ({hop.where}): {exc.strerror}", "check hostname"
+            ) from exc
         except _WIRE_ERRORS as exc:
             _close_quietly(conn)
             raise TransportError(
-                h.label,
-                command.display,
-                f"cannot connect: {_reason(exc)}",
-                f"check that {h.hostname} is up and reachable, and that sshd listens on port {h.port}",
+                self.host.label, command.display, f"cannot connect to {hop.where}: {_reason(exc)}", hop.reach_advice()
             ) from exc
         conn.transport.set_keepalive(KEEPALIVE_SECONDS)
         if isinstance(conn.transport.sock, socket.socket):
+            # Only the first hop has a socket of its own; the later ones ride on it through tunnels.
             # paramiko leaves Nagle on, so each channel open/exec waits out a delayed ACK (~40 ms per command on Linux).
             sock = conn.transport.sock
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A host that vanishes mid-command must be noticed in seconds, not after TCP's ~15 minutes of
             # retries: probe an idle link and give up on unacknowledged data (paramiko's keepalive expects no reply).
-            dead_after = max(1, int(h.connect_timeout_seconds))
+            dead_after = max(1, int(t))
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, dead_after)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, dead_after)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 3 * dead_after * 1000)
-        log.info("connected to %s", self._where)
+        if hop.is_jump:
+            log.info("connected to %s", hop.where)
         return conn
 
-    def _private_key(self) -> paramiko.PKey:
-        if self._pkey is not None:
-            return self._pkey
-        path = Path(os.path.expanduser(self.host.key_path or ""))
-        where = f"{self._where}: private key {path}"
+    def _private_key(self, i: int, hop: _Hop) -> paramiko.PKey:
+        if i in self._pkeys:
+            return self._pkeys[i]
+        login = hop.login
+        load: Callable[[bytes | None], paramiko.PKey]
+        if login.key_secret_block:
+            text = self._secret(login.key_secret_block, hop)
+            where = f"{hop.where}: private key from Secret block {login.key_secret_block!r}"
+            load = functools.partial(_key_from_text, text)
+        else:
+            path = Path(os.path.expanduser(login.key_path or ""))
+            where = f"{hop.where}: private key {path}"
+            load = functools.partial(paramiko.PKey.from_path, path)
         try:
-            self._pkey = paramiko.PKey.from_path(path)
-            return self._pkey
+            self._pkeys[i] = load(None)
+            return self._pkeys[i]
         except TypeError:
             pass  # encrypted (cryptography says so with TypeError); only now is a passphrase needed
         except OSError as exc:
             raise AuthenticationFailed(f"{where}: cannot read it: {exc.strerror}") from exc
         except (ValueError, paramiko.SSHException) as exc:
-            raise AuthenticationFailed(f"{where} is not a usable private key: {_reason(exc)}") from exc
-        passphrase, source = self._passphrase()
+            # Only the error's type: nothing parsed out of the key text travels with the error.
+            raise AuthenticationFailed(
+                f"{where} is not a usable private key ({type(exc).__name__}); it must be an unencrypted or passphrase-protected "
+                "OpenSSH or PEM key (RSA, ECDSA or Ed25519)"
+            ) from None
+        passphrase, source = self._passphrase(hop)
         if passphrase is None:
             raise AuthenticationFailed(
                 f"{where} is encrypted and no passphrase is configured\n"
-                f"  what to do: set {PASSPHRASE_ENV} or the host's passphrase_secret_block"
+                f"  what to do: set {PASSPHRASE_ENV} or passphrase_secret_block next to the key"
             )
         try:
-            self._pkey = paramiko.PKey.from_path(path, passphrase.encode())
+            self._pkeys[i] = load(passphrase.encode())
         except (TypeError, ValueError, paramiko.SSHException):
             # from None: nothing from the decrypt attempt travels with the error.
-            raise AuthenticationFailed(f"{where}: cannot decrypt it with the passphrase from {source} (wrong passphrase?)") from None
-        return self._pkey
+            raise AuthenticationFailed(
+                f"{where}: cannot decrypt it with the passphrase from {source} (wrong passphrase?)\n"
+                f"  what to do: put the key's passphrase in {source}"
+            ) from None
+        return self._pkeys[i]
 
-    def _passphrase(self) -> tuple[str | None, str]:
+    def _passphrase(self, hop: _Hop) -> tuple[str | None, str]:
         if value := os.environ.get(PASSPHRASE_ENV):
             return value, f"${PASSPHRASE_ENV}"
-        name = self.host.passphrase_secret_block
+        name = hop.login.passphrase_secret_block
         if not name:
             return None, ""
-        # Imported here: only hosts with an encrypted key need the Prefect API.
+        return self._secret(name, hop), f"Secret block {name!r}"
+
+    def _secret(self, name: str, hop: _Hop) -> str:
+        # Imported here: only hosts with a key or passphrase in a block need the Prefect API.
         from prefect.blocks.system import Secret
 
         try:
             value = Secret.load(name).get()
         except Exception as exc:
-            raise AuthenticationFailed(f"{self._where}: cannot load Secret block {name!r}: {type(exc).__name__}") from None
-        return str(value), f"Secret block {name!r}"
+            # Only the error's type: a block's text must never reach an error, whatever went wrong with it.
+            raise AuthenticationFailed(
+                f"{hop.where}: cannot load Secret block {name!r}: {type(exc).__name__}\n"
+                f"  what to do: create the Secret block {name!r} on the Prefect server this worker uses (PREFECT_API_URL), or fix the name"
+            ) from None
+        return str(value)
+
+
+def _key_source(login: SSHLogin) -> str:
+    if login.key_secret_block:
+        return f"the key from Secret block {login.key_secret_block!r}"
+    return f"key {login.key_path}" if login.key_path else "the ssh agent and default keys (no key_path set)"
 
 
 def _is_dead(conn: Connection) -> bool:
@@ -333,10 +480,14 @@ def _is_dead(conn: Connection) -> bool:
 
 
 def _close_quietly(conn: Connection) -> None:
-    try:
-        conn.close()
-    except Exception:
-        log.debug("error closing SSH connection", exc_info=True)
+    """The connection, then each jump host it was tunnelled through: a route is closed as a whole."""
+    hop: Connection | None = conn
+    while isinstance(hop, Connection):
+        try:
+            hop.close()
+        except Exception:
+            log.debug("error closing SSH connection", exc_info=True)
+        hop = hop.gateway
 
 
 def _reason(exc: BaseException) -> str:
@@ -346,6 +497,8 @@ def _reason(exc: BaseException) -> str:
         # paramiko folds the socket errors into "[Errno None]"; the first real one says what happened.
         first = next(iter(exc.errors.values()))
         return first.strerror or str(first)
+    if isinstance(exc, paramiko.ChannelException):
+        return f"{exc.text} (channel open failure {exc.code})"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 

@@ -8,6 +8,10 @@
     with fleet_of_hosts(3, tmp_path) as fleet:  # the same, plus an sshd per host on its own address
         fleet.servers[i].ssh_host()
 
+    with behind_bastion(tmp_path) as route:     # a host reachable only through another host's namespace
+        SSHTransport(route.target_host())        # Host with jump=[the bastion]
+        route.down()                             # the bastion's link goes away (and the route with it)
+
 Host i is namespace `relaunch-<random>-i` with address 10.213.i.2/24 and this machine's end of its link at
 10.213.i.1/24 (when another session already uses those subnets, the next free block of 10.213.x.0/24 is taken).
 Everything is removed on exit, failing test or not, and only what was created here: the namespaces, their veth
@@ -18,6 +22,11 @@ the test with the reason where it is missing, and fails it with that reason unde
 route to the host, packets to it are dropped and nothing answers, neither on an open connection nor a new one.
 (Taking this machine's side down instead would drop its route, and packets for 10.213.i.2 would follow the
 default route out of the machine.)
+
+`host_behind(outer)` adds an inner host in a namespace of its own whose only link goes to `outer`'s namespace:
+10.214.s.2/24, with `outer`'s end at 10.214.s.1/24 (s is `outer`'s subnet, so it is as unique as `outer`'s). This machine
+has no route to it; only processes in `outer`'s namespace (its sshd, forwarding a jump) reach it. `behind_bastion`
+runs an sshd on each of the two, the outer one being the bastion.
 
 The hosts share this machine's file system and process table, so a trainer launched on "host i" is an ordinary
 process here. Each host's sessions get a tmux server of their own (TMUX_TMPDIR, a short temporary folder per host),
@@ -45,7 +54,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sshd import SSHServer, cannot_run_here, require_sshd
 
+from relaunch.config import Host
+
 PREFIX = "10.213"
+INNER_PREFIX = "10.214"  # links between two of our namespaces; never routed from this machine
 LOCK = Path("/tmp/relaunch-netns.lock")  # held while subnets are chosen and taken, across sessions
 
 
@@ -71,14 +83,20 @@ class NetnsHost:
     root_veth: str  # this machine's end of the link
     host_veth: str  # the host's end, inside its namespace
     subnet: int  # the third octet: 10.213.<subnet>.0/24
+    outer_netns: str | None = None  # where root_veth lives: None for this machine, else the namespace the host sits behind
+    prefix: str = PREFIX
 
     @property
     def address(self) -> str:
-        return f"{PREFIX}.{self.subnet}.2"
+        return f"{self.prefix}.{self.subnet}.2"
 
     @property
     def gateway(self) -> str:
-        return f"{PREFIX}.{self.subnet}.1"
+        return f"{self.prefix}.{self.subnet}.1"
+
+    def on_link_side(self, *args: str) -> list[str]:
+        """An `ip` command line run where root_veth lives."""
+        return ["-n", self.outer_netns, *args] if self.outer_netns else list(args)
 
 
 @dataclass
@@ -137,8 +155,8 @@ def _remove(host: NetnsHost) -> list[str]:
         except (ProcessLookupError, ValueError):
             pass
     # Deleting one end of a veth pair deletes both.
-    if ip("link", "show", "dev", host.root_veth, check=False).returncode == 0:
-        out = ip("link", "del", "dev", host.root_veth, check=False)
+    if ip(*host.on_link_side("link", "show", "dev", host.root_veth), check=False).returncode == 0:
+        out = ip(*host.on_link_side("link", "del", "dev", host.root_veth), check=False)
         if out.returncode != 0:
             problems.append(f"veth {host.root_veth}: {out.stderr.strip()}")
     if host.netns in ip("netns", "list", check=False).stdout.split():
@@ -219,3 +237,72 @@ def fleet_of_hosts(n: int, workdir: Path) -> Iterator[Fleet]:
         stack.callback(fleet.kill_tmux)  # runs before the sshds stop
         stack.callback(lambda: [net.up(i) for i in sorted(net.gone)])  # and this first of all
         yield fleet
+
+
+@contextmanager
+def host_behind(outer: NetnsHost) -> Iterator[NetnsHost]:
+    """A host linked only to `outer`'s namespace (10.214.s.2, `outer` at 10.214.s.1); removed on exit, failing test or not."""
+    tag = uuid.uuid4().hex[:6]
+    inner = NetnsHost(
+        outer.index,
+        f"relaunch-{tag}-in{outer.index}",
+        f"rl{tag}o{outer.index}",
+        f"rl{tag}i{outer.index}",
+        outer.subnet,
+        outer.netns,
+        INNER_PREFIX,
+    )
+    try:
+        ip("netns", "add", inner.netns)
+        ip("-n", outer.netns, "link", "add", inner.root_veth, "type", "veth", "peer", "name", inner.host_veth, "netns", inner.netns)
+        ip("-n", outer.netns, "addr", "add", f"{inner.gateway}/24", "dev", inner.root_veth)
+        ip("-n", outer.netns, "link", "set", "dev", inner.root_veth, "up")
+        ip("-n", inner.netns, "addr", "add", f"{inner.address}/24", "dev", inner.host_veth)
+        ip("-n", inner.netns, "link", "set", "dev", inner.host_veth, "up")
+        ip("-n", inner.netns, "link", "set", "dev", "lo", "up")
+        yield inner
+    finally:
+        problems = _remove(inner)
+        if problems:
+            raise RuntimeError("could not clean up the test's network namespaces: " + "; ".join(problems))
+
+
+@dataclass
+class BehindBastion:
+    """A bastion (host 0 of a one-host fleet, on this machine's network) and a target reachable only through it."""
+
+    bastion: Fleet
+    inner: NetnsHost
+    target: SSHServer
+
+    @property
+    def bastion_server(self) -> SSHServer:
+        return self.bastion.servers[0]
+
+    def target_host(self, **overrides: object) -> Host:
+        """The target as relaunch sees it: jump=[the bastion] unless overridden."""
+        return self.target.ssh_host(**{"jump": [self.bastion_server.jump_host()], **overrides})
+
+    def down(self) -> None:
+        """The bastion's link to this machine goes down: both it and the target vanish for us."""
+        self.bastion.down(0)
+
+    def up(self) -> None:
+        """The bastion's link is back. The address resolution that failed during the outage is forgotten, as it would be
+        after any longer outage: a resolution still pending from then may otherwise fail the first new connection with
+        "No route to host" (a transient error that a retry gets past, and a race for a test)."""
+        self.bastion.up(0)
+        host = self.bastion.net.hosts[0]
+        ip("neigh", "flush", "to", host.address, "dev", host.root_veth)
+
+
+@contextmanager
+def behind_bastion(workdir: Path) -> Iterator[BehindBastion]:
+    """A bastion and a target behind it, each with its own sshd, keys and known_hosts; all gone on exit."""
+    with fleet_of_hosts(1, workdir / "bastion") as bastion, host_behind(bastion.net.hosts[0]) as inner, ExitStack() as stack:
+        folder = workdir / "target"
+        folder.mkdir(parents=True)
+        target = SSHServer(folder, hostname=inner.address, netns=inner.netns, reachable_from_here=False)
+        stack.callback(target.stop)
+        target.start()
+        yield BehindBastion(bastion, inner, target)

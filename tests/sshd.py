@@ -9,7 +9,9 @@ SHLVL=1 keeps Debian's bash from sourcing the user's ~/.bashrc for ssh commands 
 SHLVL is unset), so the tests do not depend on, or pay for, this machine's shell start-up files.
 `server.restart()` stops the listener and every connection, then listens again on the same port.
 `SSHServer(..., netns=NAME, hostname=ADDRESS)` runs sshd inside network namespace NAME (`ip netns exec`),
-listening on that namespace's ADDRESS; `env` adds variables to every session's environment.
+listening on that namespace's ADDRESS; `env` adds variables to every session's environment. A server this
+machine cannot reach (`reachable_from_here=False`, a host behind a bastion) is ready once sshd logs that it listens.
+`server.jump_host()` is the server as a jump host (`Host.jump`) on the way to another.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import NoReturn
 
 import pytest
 
-from relaunch.config import Container, Host
+from relaunch.config import Container, Host, JumpHost
 
 SSHD = "/usr/sbin/sshd"
 BIN = Path(__file__).resolve().parent / "bin"
@@ -102,6 +104,7 @@ class SSHServer:
     proc: subprocess.Popen[bytes] | None = None
     netns: str | None = None  # run sshd inside this network namespace (`ip netns exec NAME`)
     env: dict[str, str] = field(default_factory=dict)  # more variables for every session (SetEnv)
+    reachable_from_here: bool = True  # False: only another namespace routes to it, so readiness is read from sshd's log
 
     def __post_init__(self) -> None:
         self.host_key = keygen(self.workdir / "ssh_host_ed25519_key")
@@ -163,6 +166,11 @@ SetEnv "PATH={path}" "RELAUNCH_FAKE_CONTAINERS_FILE={self.containers_file}" SHLV
         values.update(overrides)
         return Host.model_validate(values)
 
+    def jump_host(self, **overrides: object) -> JumpHost:
+        """This server as a jump host on the way to another: its address, user, key and known_hosts."""
+        login = self.ssh_host().model_dump(include=set(JumpHost.model_fields))
+        return JumpHost.model_validate({**login, **overrides})
+
     def container_host(self, kind: str, id: str, **overrides: object) -> Host:
         return self.ssh_host(container=Container(kind=kind, id=id), **overrides)  # type: ignore[arg-type]
 
@@ -183,6 +191,7 @@ SetEnv "PATH={path}" "RELAUNCH_FAKE_CONTAINERS_FILE={self.containers_file}" SHLV
             os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory; a fresh container lacks it
         except PermissionError:
             pass
+        listening_before = self._listening_lines()  # the log is kept across restarts
         log = self.log_path.open("ab")
         argv = [SSHD, "-D", "-e", "-f", str(self.config_path)]
         if self.netns:
@@ -193,16 +202,24 @@ SetEnv "PATH={path}" "RELAUNCH_FAKE_CONTAINERS_FILE={self.containers_file}" SHLV
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sshd exited {self.proc.returncode}:\n{self.log_path.read_text(errors='replace')[-3000:]}")
-            try:
-                with socket.create_connection((self.hostname, self.port), timeout=1) as s:
-                    if s.recv(64).startswith(b"SSH-"):
-                        return
-            except OSError:
-                pass
+            if not self.reachable_from_here:
+                if self._listening_lines() > listening_before:
+                    return
+            else:
+                try:
+                    with socket.create_connection((self.hostname, self.port), timeout=1) as s:
+                        if s.recv(64).startswith(b"SSH-"):
+                            return
+                except OSError:
+                    pass
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"sshd not answering on port {self.port} after {READY_TIMEOUT} s")
             time.sleep(0.02)
+
+    def _listening_lines(self) -> int:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text.count(f"Server listening on {self.hostname} port {self.port}.")
 
     def stop(self) -> None:
         """Stop the listener and every connection it spawned, as a host reboot or sshd restart would."""
