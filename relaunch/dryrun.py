@@ -55,7 +55,7 @@ def shown(command: Command) -> str:
 
 def render(target: Target) -> str:
     layers = shlex.join(host_argv(Command(("CMD",)), target.host.container, 1)).replace("'exec CMD'", "CMD")
-    where = "here" if target.host.kind == "local" else f"over ssh to {target.host.user}@{target.host.hostname}:{target.host.port}"
+    where = "here" if target.host.kind == "local" else f"over ssh to {target.host.route}"
     lines = [
         f"# relaunch recover --dry-run: {target.name} on {target.host.label}; the full procedure, nothing is run.",
         f"# Each CMD runs {where} as: {layers} (1: the step's timeout)",
