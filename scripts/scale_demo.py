@@ -561,6 +561,8 @@ def client_env(api_url: str, auth: str, home: Path) -> dict[str, str]:
             "PREFECT_HOME": str(home),
             "DO_NOT_TRACK": "1",
             "PREFECT_WORKER_QUERY_SECONDS": "1",
+            # Heartbeats every 30 s (the least Prefect takes; default 180): a run whose worker died is found sooner.
+            "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
             "PREFECT_LOGGING_LEVEL": "INFO",
             "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         }

@@ -299,7 +299,8 @@ def test_without_a_notification_block_the_automations_are_still_created_and_say_
     for auto in spec["automations"]:
         auto["name"] += "-unwired"
         for action in auto["actions"]:
-            action["block"] = "nobody-listens"
+            if "block" in action:
+                action["block"] = "nobody-listens"
     path = tmp_path / "automations.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = server.sync_automations("--file", str(path), RELAUNCH_NOTIFY_URL="")

@@ -8,18 +8,27 @@ and lock to its last) and the host's own records (launch records, and the traine
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.faults import ROOT
 from tests.targets import shell_target
 from tests.test_scale_demo import load_scale_demo, require_scale_parts, scale_workdir
 
 LEASE_SECONDS = 60  # flows/recover.py: concurrency(..., lease_duration=60); the server's minimum lease is 60 s
 DEPLOYMENT = "recover-training/scale-demo"
+
+
+# How long the test's copy of the unresponsive-run automation waits after a heartbeat (automations.yaml: 600 s):
+# three of the workers' 30 s beats.
+UNRESPONSIVE_AFTER_SECONDS = 90
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +37,26 @@ def engine() -> Iterator:
     sd = load_scale_demo()
     for workdir in scale_workdir():
         with sd.scale_engine(workdir, hosts=2, broken=0, launch=False) as engine:
+            sync_automations(engine, workdir)
             yield engine
+
+
+def sync_automations(engine, workdir: Path) -> None:
+    """automations.yaml on the engine's server, with a shorter wait for heartbeats than the shipped 600 s."""
+    spec = yaml.safe_load((ROOT / "automations.yaml").read_text())
+    for automation in spec["automations"]:
+        if automation["name"] == "relaunch-crash-unresponsive-runs":
+            automation["trigger"]["within"] = UNRESPONSIVE_AFTER_SECONDS
+    path = workdir / "automations.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "automations.py"), "--file", str(path)],
+        env=engine.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "relaunch-crash-unresponsive-runs" in out.stdout + out.stderr, out.stdout + out.stderr
 
 
 def gated_target(engine, index: int, name: str, gate: Path):
@@ -138,7 +166,9 @@ def test_a_worker_killed_mid_recovery_frees_the_host_within_a_lease_and_a_later_
         assert len(sd.launch_records(target)) == 1 and len(trainers) == 1, f"one trainer: {sd.launch_records(target)} {trainers}"
         assert ("launch", "Completed") in task_names(engine, run.id), "the later run did the whole recovery"
         assert slots_in_use(engine, target) == 0, "the dead run's slot was taken back, the later run's released"
-        print(f"the killed run on the server: {state(engine, doomed)}")  # Running: nothing reports a run whose process died
+        # Nothing is left to report the killed run's end: the automation marks it Crashed once its heartbeats stop.
+        wait_for(lambda: state(engine, doomed) == "Crashed", UNRESPONSIVE_AFTER_SECONDS + 60, "the killed run to be marked Crashed", engine)
+        assert "no heartbeat" in engine.call(lambda c: c.read_flow_run(doomed)).state.message
     finally:
         sd._stop_trainers([target])
         engine.start_worker(holder)  # two workers again for whatever runs next on this engine
