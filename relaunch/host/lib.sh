@@ -10,11 +10,16 @@
 #   STATE/runs/ID/supervisor_pid  "PID STARTTIME" of its supervisor (leader of its process group)
 #   STATE/runs/ID/exit_code       written when the trainer exits
 #   STATE/runs/ID/{log_path,started_at,checkpoint,spec,launcher.sh,supervisor.sh}
-current_run() { cat "$1/current" 2>/dev/null; }
+# Files are read with bash's own `$(< FILE)` (no cat process): a fleet check runs this on every host, often.
+current_run() { local r; { r=$(< "$1/current"); } 2> /dev/null || return 1; printf '%s\n' "$r"; }
+# VAR=the contents of FILE (without the final newline), empty if it cannot be read.
+slurp() { { printf -v "$1" '%s' "$(< "$2")"; } 2> /dev/null || printf -v "$1" ''; }
+# VAR=the time in microseconds since the epoch (bash 5's EPOCHREALTIME; `date` on older shells).
+now_us() { if [ -n "${EPOCHREALTIME-}" ]; then printf -v "$1" '%s' "${EPOCHREALTIME/[.,]/}"; else printf -v "$1" '%s' "$(date +%s%6N)"; fi; }
 run_folder() { printf "%s/runs/%s" "$1" "$2"; }
 
 # A PID is alive only if /proc still shows its recorded start time (no PID reuse) and it is no zombie.
-starttime() { local s f; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; read -ra f <<< "$s"; [ "${f[0]}" != Z ] || return 1; echo "${f[19]}"; }
+starttime() { local s f; { s=$(< "/proc/$1/stat"); } 2> /dev/null || return 1; s=${s##*) }; read -ra f <<< "$s"; [ "${f[0]}" != Z ] || return 1; echo "${f[19]}"; }
 alive() { [ -n "$1" ] && [ -n "$2" ] && [ "$(starttime "$1")" = "$2" ]; }
 read_pid() { [ -r "$1" ] && read -r "$2" "$3" < "$1"; }
 # "PID STARTTIME" into FILE, atomically.

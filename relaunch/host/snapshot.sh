@@ -36,25 +36,25 @@ scan_failures() {
 }
 run_id=$(current_run "$state")
 run=$(run_folder "$state" "$run_id")
-pid='' pstart='' spid='' sstart=''
+pid='' pstart='' spid='' sstart='' t=0 log='' exit_code='' started='' checkpoint=''
 [ -n "$run_id" ] && read_pid "$run/pid" pid pstart
 [ -n "$run_id" ] && read_pid "$run/supervisor_pid" spid sstart
-end=$(( $(date +%s%N) + wait_ms * 1000000 ))
-while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && [ "$(date +%s%N)" -lt "$end" ]; do sleep 0.05; done
+now_us t; end=$(( t + wait_ms * 1000 ))
+while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && now_us t && [ "$t" -lt "$end" ]; do sleep 0.05; done
 # The supervisor writes the exit code just after the trainer dies: give it a moment.
 for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
   [ -e "$run/exit_code" ] && break; alive "$pid" "$pstart" && break; alive "$spid" "$sstart" || break; sleep 0.05
 done
-log=$(cat "$run/log_path" 2>/dev/null)
-now=$(date +%s.%N)
+slurp log "$run/log_path"; slurp exit_code "$run/exit_code"; slurp started "$run/started_at"; slurp checkpoint "$run/checkpoint"
+now_us t; now="${t%??????}.${t: -6}"
 echo "$M run_id $run_id"
 echo "$M launched $([ -n "$run_id" ] && echo 1 || echo 0)"
 echo "$M session $(tmux has-session -t "=$session" 2>/dev/null && echo 1 || echo 0)"
 echo "$M pid $pid"
 echo "$M pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
-echo "$M exit_code $(cat "$run/exit_code" 2>/dev/null)"
-echo "$M started_at $(cat "$run/started_at" 2>/dev/null)"
-echo "$M checkpoint $(cat "$run/checkpoint" 2>/dev/null)"
+echo "$M exit_code $exit_code"
+echo "$M started_at $started"
+echo "$M checkpoint $checkpoint"
 echo "$M now $now"
 # A recovery that was killed mid-step leaves its marker behind: the next one must redo that step.
 unfinished=
@@ -81,7 +81,7 @@ if [ "$want_kernel" = 1 ] && ! alive "$pid" "$pstart"; then
   kernel=$(dmesg 2>/dev/null) && echo "$M kernel_readable 1" || echo "$M kernel_readable 0"
   echo "$M kernel"
   # Only kernel lines since this launch: an older OOM kill or Xid on the host is not this run's cause.
-  since=$(awk -v now="$now" -v s="$(cat "$run/started_at" 2>/dev/null || echo 0)" '{printf "%.3f\n", s - (now - $1)}' /proc/uptime)
+  since=$(awk -v now="$now" -v s="${started:-0}" '{printf "%.3f\n", s - (now - $1)}' /proc/uptime)
   # A line without its own [stamp] continues the one before (drivers split "fallen off the bus" over lines).
   printf '%s\n' "$kernel" | awk -v since="$since" '/^\[ *[0-9.]+\]/ { t = $0; sub(/^\[ */, "", t); split(t, a, "]"); at = a[1] + 0 } at >= since' \
     | grep -E 'Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus|GPU is lost' | tail -n 16
