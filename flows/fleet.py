@@ -19,60 +19,17 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from flows.check import RECOVERABLE, merge_recovery
 from flows.common import attempt_from
 from flows.outcome import FINE, report_of
 from flows.recover import host_limit_name, recover_training
 from relaunch.config import Target
-from relaunch.playbook import Action, remedy
-from relaunch.report import Report
-from relaunch.verdicts import Cause, Verdict
+from relaunch.playbook import remedy
+from relaunch.report import FleetReport, FleetRow, Report
 from tasks.common import log
 from tasks.health import HealthResult, check_health
-
-
-class FleetRow(BaseModel):
-    """One target's line in the fleet table."""
-
-    target: str
-    host: str
-    found: Verdict | None = Field(None, description="What the check found (None: the check itself failed).")
-    cause: Cause | None = None
-    action: Action | None = Field(None, description="What the playbook says for what was found.")
-    recovered: bool = Field(False, description="A recover-training subflow ran for this target.")
-    verdict: Verdict | None = Field(None, description="Final verdict: the recovery's if one ran, else the check's.")
-    ok: bool = Field(False, description="Ends healthy or finished (a starting run is not yet ok).")
-    polls: int = Field(0, description="Health round trips the check made.")
-    check_seconds: float = Field(0.0, description="Time the check waited for its verdict to settle.")
-    message: str = ""
-
-
-class FleetReport(BaseModel):
-    """What check-fleet returns and publishes as its table artifact."""
-
-    started_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
-    finished_at: str | None = None
-    targets: int = 0
-    max_concurrent: int = 1
-    check_phase_seconds: float = Field(0.0, description="Wall time of all checks together.")
-    recovery_phase_seconds: float = 0.0
-    checks_per_minute: float = 0.0
-    rows: list[FleetRow] = Field(default_factory=list)
-    reports: list[Report] = Field(default_factory=list, description="One per target: the check, and the recovery's attempts where one ran.")
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.rows)
-
-    def summary(self) -> str:
-        count: dict[str, int] = defaultdict(int)
-        for r in self.rows:
-            count[r.verdict.value if r.verdict else "error"] += 1
-        recovered = sum(r.recovered for r in self.rows)
-        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(count.items()))
-        return f"{self.targets} targets: {verdicts}; {recovered} recovered; checks {self.check_phase_seconds:.1f} s ({self.checks_per_minute:.0f}/min)"
 
 
 @task(name="recover-host", task_run_name="recover@{host}", cache_policy=NO_CACHE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
@@ -86,3 +87,47 @@ def _notes(step: StepRecord) -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+# The fleet's models live here, not in flows/fleet.py: a worker loads a deployment's entrypoint file as a module
+# of its own name (`fleet`), so a result pickled from a class defined there could be read back nowhere else.
+class FleetRow(BaseModel):
+    """One target's line in the fleet table."""
+
+    target: str
+    host: str
+    found: Verdict | None = Field(None, description="What the check found (None: the check itself failed).")
+    cause: Cause | None = None
+    action: Action | None = Field(None, description="What the playbook says for what was found.")
+    recovered: bool = Field(False, description="A recover-training subflow ran for this target.")
+    verdict: Verdict | None = Field(None, description="Final verdict: the recovery's if one ran, else the check's.")
+    ok: bool = Field(False, description="Ends healthy or finished (a starting run is not yet ok).")
+    polls: int = Field(0, description="Health round trips the check made.")
+    check_seconds: float = Field(0.0, description="Time the check waited for its verdict to settle.")
+    message: str = ""
+
+
+class FleetReport(BaseModel):
+    """What check-fleet returns and publishes as its table artifact."""
+
+    started_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    finished_at: str | None = None
+    targets: int = 0
+    max_concurrent: int = 1
+    check_phase_seconds: float = Field(0.0, description="Wall time of all checks together.")
+    recovery_phase_seconds: float = 0.0
+    checks_per_minute: float = 0.0
+    rows: list[FleetRow] = Field(default_factory=list)
+    reports: list[Report] = Field(default_factory=list, description="One per target: the check, and the recovery's attempts where one ran.")
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.rows)
+
+    def summary(self) -> str:
+        count: dict[str, int] = defaultdict(int)
+        for r in self.rows:
+            count[r.verdict.value if r.verdict else "error"] += 1
+        recovered = sum(r.recovered for r in self.rows)
+        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(count.items()))
+        return f"{self.targets} targets: {verdicts}; {recovered} recovered; checks {self.check_phase_seconds:.1f} s ({self.checks_per_minute:.0f}/min)"

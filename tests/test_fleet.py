@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -94,3 +95,37 @@ def test_the_check_with_recover_on_recovers_a_crashed_run_and_reports_what_it_di
     assert [a.number for a in report.attempts] == list(range(1, len(report.attempts) + 1))
     assert report.ok and report.verdict is Verdict.HEALTHY and report.flow == "check-training"
     assert report.message.startswith("check found crashed") and len(runs(target)) == 2
+
+
+def test_a_fleet_checks_result_loaded_from_its_entrypoint_as_a_worker_does_is_readable_by_another_process(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.settings import PREFECT_API_URL
+
+    target = shell_target(tmp_path / "ok", name="ok")
+    # A worker loads the deployment's entrypoint file as a module of its own; a result class defined in that file
+    # would be pickled under that module's name, which no other process can import.
+    flow = load_flow_from_entrypoint("flows/fleet.py:check_fleet")
+    try:
+        launch.fn(target, 1)
+        state = flow([target], recover=False, return_state=True)
+    finally:
+        stop_all(target)
+    read = (
+        "import json, sys; from prefect import get_client; "
+        "r = get_client(sync_client=True).read_flow_run(sys.argv[1]).state.result(); "
+        "print(json.dumps([type(r).__module__, [row.verdict.value for row in r.rows]]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", read, str(state.state_details.flow_run_id)],
+        env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == ["relaunch.report", ["healthy"]]
