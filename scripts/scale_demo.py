@@ -694,9 +694,14 @@ class Engine:
             self.workers[i] = None
 
     def worker_of(self, flow_run_id: Any) -> int | None:
-        """Which worker submitted the run, from the worker's own log ("Worker '...' submitting flow run 'ID'")."""
+        """Which worker ran the run, from the workers' own logs ("Worker '...' submitting flow run 'ID'"). Two workers
+        polling at once may both pick a run up; the server lets one through and the other logs "Aborted submission"."""
         for i, name in enumerate(self.worker_names):
-            if f"Worker '{name}' submitting flow run '{flow_run_id}'" in log_tail_full(self.workdir / "logs" / f"worker-{i}.log"):
+            log = log_tail_full(self.workdir / "logs" / f"worker-{i}.log")
+            if (
+                f"Worker '{name}' submitting flow run '{flow_run_id}'" in log
+                and f"Aborted submission of flow run '{flow_run_id}'" not in log
+            ):
                 return i
         return None
 

@@ -4,6 +4,7 @@ docs/fault-matrix.md (rendered from the @case registry; the last test checks the
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -133,11 +134,15 @@ def lived_in(target: Target, logs: bool = True) -> None:
 
 
 def host_tree(target: Target, *, state: bool = True, live: tuple[Path, ...] = (), skip: tuple[Path, ...] = ()) -> dict[str, str]:
-    """The target's whole folder (repo with .git, venvs, logs, checkpoints, cache, state), minus the lock's own files."""
+    """The target's whole folder (repo with .git, venvs, logs, checkpoints, cache, state), minus the lock's own files
+    and the health poll's bookkeeping (RUN/scan*: how far it has read the log, and the failures found so far)."""
     root = root_of(target)
     t = tree(root, skip=skip + (() if state else (Path(target.state_path),)), live=live)
     lock = Path(lock_path(target)).relative_to(root).as_posix()
-    return {path: kind for path, kind in t.items() if not path.startswith(lock)}
+    return {path: kind for path, kind in t.items() if not path.startswith(lock) and not POLL_SCAN.search(path)}
+
+
+POLL_SCAN = re.compile(r"/runs/[^/]+/scan(_matches|\.lock|\.tmp)?$")
 
 
 def launch_detail(report: Report, attempt: int = 0) -> LaunchDetail:
