@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.target import GOOD_PINS, base_pins, build_repo, make_target, wheelhouse
+from demo.target import GOOD_PINS, Device, base_pins, build_repo, make_target, wheelhouse
 from demo.wheels import build_all
 from relaunch import runlayout
 from relaunch.config import Target
@@ -20,6 +20,7 @@ from relaunch.transport import local_env, run, transport_for
 from relaunch.verdicts import Cause, Verdict
 from tasks.health import collect_snapshot
 from tasks.launch import launch
+from tasks.rebuild_venv import plan_create
 from tasks.stop import plan_stop
 
 SLOW_HACK = ("USE_COMPILE = True", "USE_COMPILE = False  # HACK: FX check patched away, runs uncompiled")
@@ -58,25 +59,15 @@ def say(message: str) -> None:
     print(f"[demo] {message}", file=sys.stderr, flush=True)
 
 
-def prepare(scenario: str, work: Path, name: str | None = None) -> Target:
+def prepare(scenario: str, work: Path, name: str | None = None, device: Device = "cpu") -> Target:
     """A fresh target in work/, broken as the scenario says, its broken run already dead or crawling.
 
     `name` (also its tmux session) defaults to relaunch-demo-SCENARIO; give another where two may run at once.
+    On `cuda` the trainer runs on the GPUs and its venv takes torch from the interpreter running this
+    (the image's), so the lock holds only the demo's own packages and no wheelhouse is needed.
     """
     name = name or f"relaunch-demo-{scenario}"
-    if work.exists():
-        _stop_previous(work, name)
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    base = wheelhouse()
-    wheels = work / "wheels"
-    build_all(wheels)
-    pins = {**base_pins(base), **GOOD_PINS}
-    if scenario == "missing-dependency":
-        pins.pop("tinyaccel")
-    say(f"building the target in {work}")
-    build_repo(work / "repo", pins)
-    target = make_target(work, name, wheels, base)
+    target = build_target(work, name, device, without=("tinyaccel",) if scenario == "missing-dependency" else ())
     extra = ["tinyjunk==0.1.0"] + (["tinyattn==1.1.0"] if scenario == "fx-race" else [])
     say(f"polluting the venv: {', '.join(extra)}")
     _user_venv(target, extra)
@@ -92,10 +83,29 @@ def prepare(scenario: str, work: Path, name: str | None = None) -> Target:
     return target
 
 
+def build_target(work: Path, name: str, device: Device = "cpu", without: tuple[str, ...] = ()) -> Target:
+    """The known-good demo target in a fresh work/ (an earlier trainer there stopped first): repo, lock, wheels; no venv yet.
+
+    `without`: packages the lock leaves out.
+    """
+    if work.exists():
+        _stop_previous(work, name)
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    wheels = work / "wheels"
+    build_all(wheels)
+    base = wheelhouse() if device == "cpu" else None
+    pins = {n: v for n, v in {**(base_pins(base) if base else {}), **GOOD_PINS}.items() if n not in without}
+    say(f"building the target in {work} for {device}")
+    build_repo(work / "repo", pins)
+    return make_target(work, name, wheels, base) if device == "cpu" else make_target(work, name, wheels, None, device)
+
+
 def _user_venv(target: Target, extra: list[str]) -> None:
     flags = ["--no-index", *sum((["--find-links", f] for f in target.find_links), [])]
     env = local_env()  # relaunch's own uv, also from a shell whose PATH lacks it
-    subprocess.run(["uv", "venv", "-q", "--python", target.python, target.venv_dir], check=True, env=env)
+    # Created as relaunch creates one (the image's packages seen where the target says so), without its marker.
+    run(transport_for(target.host), plan_create(target, marker=None))
     for spec in (["-r", target.lock_path], extra):  # the lock, then what was added by hand later
         subprocess.run(["uv", "pip", "install", "-q", "--python", f"{target.venv_dir}/bin/python", *flags, *spec], check=True, env=env)
 
@@ -140,7 +150,8 @@ def _diverge(target: Target) -> None:
     # The run as someone launched it by hand, with a bad schedule; relaunch later uses the target's own command.
     spiked = target.model_copy(update={"launch_command": f"{target.launch_command} --lr-jump-at 25"})
     _launch_broken(spiked)
-    _wait_until(target, "a nan loss", lambda s: any("loss=nan" in line for line in s.log_tail[-3:]))
+    # On a GPU the first non-finite loss may print as inf before the nan.
+    _wait_until(target, "a nan loss", lambda s: any(f"loss={bad}" in line for line in s.log_tail[-3:] for bad in ("nan", "inf")))
     say("the loss went nan after the learning-rate spike at step 25")
 
 

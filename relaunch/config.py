@@ -184,6 +184,11 @@ class Target(_Model):
     index_urls: list[str] = Field(default_factory=list, description="Extra package indexes for the installer.")
     find_links: list[str] = Field(default_factory=list, description="Folders or URLs of wheels for the installer.")
     offline: bool = Field(False, description="Install only from find_links; never touch an index.")
+    system_site_packages: bool = Field(
+        False,
+        description="Build the venv with `uv venv --system-site-packages`: it also sees the packages of `python` (a GPU image's torch), "
+        "which the lock then leaves out; the rebuild records their versions.",
+    )
     import_check: list[str] = Field(default_factory=list, description="Modules that must import in the fresh venv.")
     inductor_cache_dir: str = Field("/tmp/torchinductor_root", description="TORCHINDUCTOR_CACHE_DIR for warm-up and trainer.")
     warmup_command: str | None = Field(

@@ -71,10 +71,17 @@ class RebuildDetail(_Detail):
     drift: list[str] = Field(default_factory=list, description="How the new venv differs from the lock (should be empty).")
     packages: int = 0
     pruned: list[str] = Field(default_factory=list, description="Old venvs beyond the kept ones, removed.")
+    system_site_packages: bool = Field(False, description="The venv also sees the interpreter's own packages (the image's).")
+    from_image: dict[str, str] = Field(
+        default_factory=dict, description="Distributions of the import-checked modules the venv takes from the image, and their versions."
+    )
+    shadowed: list[str] = Field(default_factory=list, description="Packages the lock installs over another version in the image.")
 
     def notes(self) -> list[str]:
         lines = [f"old venv drift: {'; '.join(self.old_venv_drift)}"] if self.old_venv_drift else []
         lines += [f"drift: {'; '.join(self.drift)}"] if self.drift else []
+        lines += [f"from the image: {', '.join(f'{n} {v}' for n, v in self.from_image.items())}"] if self.from_image else []
+        lines += [f"shadows the image: {'; '.join(self.shadowed)}"] if self.shadowed else []
         lines += [f"old venv kept as {self.old_venv}"] if self.old_venv != "none" else []
         return lines + ([f"pruned: {'; '.join(self.pruned)}"] if self.pruned else [])
 

@@ -67,11 +67,12 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
         ),
     ),
     # The race's faces: dynamo refusing while FX traces, FX's global Module.__call__
-    # patch catching another thread's forward (seen on CPU with torch 2.13).
+    # patch catching another thread's forward, the patcher reset under another trace, and
+    # the tracing thread itself finding the other thread's tracer (seen on CPU with torch 2.13).
     (
         Cause.FX_TRACING_RACE,
         re.compile(
-            r"using FX to symbolically trace a dynamo-optimized function|CURRENT_PATCHER is None in finally block|fx/_symbolic_trace\.py\", line \d+, in (module_call_wrapper|call_module|path_of_module|_new_patcher)"
+            r"using FX to symbolically trace a dynamo-optimized function|CURRENT_PATCHER is None in finally block|Found multiple different tracers|fx/_symbolic_trace\.py\", line \d+, in (module_call_wrapper|call_module|path_of_module|_new_patcher)"
         ),
     ),
     (Cause.MISSING_DEPENDENCY, re.compile(r"\b(ModuleNotFoundError|ImportError)\b.*|.*\bpip install\b")),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import PurePosixPath
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -29,6 +30,33 @@ LIST_SIBLINGS = host_script("list_siblings")
 # Remove the named old venvs; each must still be a `VENV.old-*` sibling, whatever the caller sent.
 REMOVE_OLD = host_script("remove_old_venvs")
 
+# uv venv; with system_site_packages the venv also sees the interpreter's own packages. uv builds a venv from
+# its interpreter's base, so where that interpreter is itself a venv (the H200 image's python3 is
+# /opt/torch/.venv/bin/python3, torch inside) `--system-site-packages` alone would show the base's bare
+# site-packages: a .pth adds the interpreter's own, after the venv's, as system site-packages come.
+# $1 python, $2 venv, $3 marker ('' for none), $4 1 for system site packages, $5 the site-dirs program.
+CREATE = """set -e
+if [ "$4" = 1 ]; then
+  uv venv --system-site-packages --python "$1" "$2"
+  site=$("$2/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  "$1" -c "$5" > "$site/_relaunch_interpreter_site.pth"
+else
+  uv venv --python "$1" "$2"
+fi
+if [ -n "$3" ]; then touch "$2/$3"; fi"""
+INTERPRETER_SITE = "import site, sys\nif sys.prefix != sys.base_prefix:\n    print('\\n'.join(site.getsitepackages()))"
+
+# Run in the new venv: every distribution it sees from outside itself (the image's), and the distributions
+# the import-checked modules belong to. JSON, one line.
+IMAGE_PROBE = """import importlib.metadata as md, json, os, sys
+inside = os.path.realpath(sys.prefix) + os.sep
+image = {}
+for d in md.distributions():
+    if d.metadata["Name"] and not os.path.realpath(str(d.locate_file(""))).startswith(inside):
+        image.setdefault(d.metadata["Name"], d.version)
+tops = md.packages_distributions()
+print(json.dumps({"image": image, "used": sorted({n for m in sys.argv[1:] for n in tops.get(m.split(".")[0], [])})}))"""
+
 IMPORT_CHECK = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n    print('imported', m)"
 
 
@@ -45,14 +73,7 @@ def plan_rebuild(target: Target, stamp: str) -> dict[str, Command]:
     py = f"{target.venv_dir}/bin/python"
     plan = {
         "move_aside": script(MOVE_ASIDE, target.venv_dir, stamp, BUILDING_MARKER, label="move old venv aside", timeout_seconds=300),
-        "create": script(
-            'uv venv --python "$1" "$2" && touch "$2/$3"',
-            target.python,
-            target.venv_dir,
-            BUILDING_MARKER,
-            label="uv venv",
-            timeout_seconds=300,
-        ),
+        "create": plan_create(target, BUILDING_MARKER),
         "install": Command(
             ("uv", "pip", "sync", "--python", py, "--compile-bytecode", *installer_flags(target), target.lock_path),
             label="uv pip sync",
@@ -62,11 +83,39 @@ def plan_rebuild(target: Target, stamp: str) -> dict[str, Command]:
         "import_check": Command(
             (py, "-c", IMPORT_CHECK, *target.import_check), cwd=target.repo_dir, label="import check", timeout_seconds=600
         ),
+        "image_packages": Command(
+            (py, "-c", IMAGE_PROBE, *target.import_check), cwd=target.repo_dir, label="packages from the image", timeout_seconds=120
+        ),
         "mark": Command(("rm", "-f", "--", f"{target.venv_dir}/{BUILDING_MARKER}"), label="mark venv complete"),
         "siblings": script(LIST_SIBLINGS, target.venv_dir, label="list old venvs"),
     }
     # The steps that write into the venv: a killed recovery's leftover must not race the next build.
     return {k: tracked(target, c) if k in ("create", "install", "import_check") else c for k, c in plan.items()}
+
+
+def plan_create(target: Target, marker: str | None) -> Command:
+    """`uv venv` as the target asks (system site packages or not), marked half-done with `marker` if given."""
+    return script(
+        CREATE,
+        target.python,
+        target.venv_dir,
+        marker or "",
+        "1" if target.system_site_packages else "0",
+        INTERPRETER_SITE,
+        label="uv venv",
+        timeout_seconds=300,
+    )
+
+
+def image_view(probe_stdout: str, installed: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What the venv takes from the image: the import-checked modules' distributions found only outside the venv,
+    with versions; and, as lines a person reads, each package the lock installs over another version in the image."""
+    seen = json.loads(probe_stdout)
+    image = {_norm(n): v for n, v in seen["image"].items()}
+    used = {_norm(n) for n in seen["used"]}
+    from_image = {n: v for n, v in sorted(image.items()) if n in used and n not in installed}
+    shadowed = [f"{n}: lock {v} shadows the image's {image[n]}" for n, v in sorted(installed.items()) if n in image and image[n] != v]
+    return from_image, shadowed
 
 
 def old_venvs_to_remove(venv_dir: str, siblings: list[str], keep: int) -> list[str]:
@@ -146,6 +195,11 @@ def rebuild_venv(target: Target, stamp: str | None = None) -> StepRecord:
             if target.import_check:
                 progress.update(90, "import-checking " + ", ".join(target.import_check))
                 execute(target, plan["import_check"], advice="a key module does not import in the fresh venv: the lock is incomplete")
+            if target.system_site_packages:
+                # The lock does not pin what the image brings (its torch): record the versions the venv runs with.
+                detail.system_site_packages = True
+                detail.from_image, detail.shadowed = image_view(execute(target, plan["image_packages"]).stdout, installed)
+                log().info("from the image: %s", ", ".join(f"{n} {v}" for n, v in detail.from_image.items()) or "nothing imported")
             execute(target, plan["mark"])
         except Exception:
             execute(target, script(PUT_BACK, target.venv_dir, aside, stamp, label="put the old venv back"), check=False)

@@ -69,6 +69,14 @@ CASES = [
         "NameError: module is not installed as a submodule",
     ),
     (
+        "demo/fx_race_cpu_multiple_tracers.log",
+        ["--exit-code", "134"],
+        "crashed",
+        "fx_tracing_race",
+        None,
+        "Found multiple different tracers",
+    ),
+    (
         "demo/fx_race_cpu_patcher.log",
         ["--exit-code", "134"],
         "crashed",

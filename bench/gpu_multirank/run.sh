@@ -23,19 +23,10 @@ w=$(mktemp -d)
   env | grep -E '^(NCCL|TORCH_SYMM|NVSHMEM)_' | sort
   echo "relaunch source: $src"; cat "$src/SOURCE" 2>/dev/null
 } > "$w/env.txt" 2>&1
-t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > "$w/pip.txt" 2>&1 || { cat "$w/pip.txt"; exit 3; }
+# shellcheck source=bench/carried_wheels.sh
+source bench/carried_wheels.sh
+install_carried_wheels "$w" || exit 3
 export PYTHONPATH="/tmp/site:$src"
-if ! command -v uv > /dev/null; then  # uv's binary travels xz-compressed (its wheel is too big to carry beside Prefect's)
-  mkdir -p /tmp/site/bin && python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' .whl/uv-*-x86_64.xz /tmp/site/bin/uv \
-    && chmod +x /tmp/site/bin/uv && export PATH="$PATH:/tmp/site/bin"
-fi
-if ! command -v git > /dev/null; then  # git's binary (Debian bookworm's 2.39.5, builtins only) likewise
-  mkdir -p /tmp/site/bin && python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' .whl/git-*-x86_64.xz /tmp/site/bin/git \
-    && chmod +x /tmp/site/bin/git && export PATH="$PATH:/tmp/site/bin"
-fi
-command -v py-spy > /dev/null || export PATH="$PATH:/tmp/site/bin"
-echo "wheels installed in $(( $(date +%s) - t0 )) s; uv=$(command -v uv) git=$(command -v git) py-spy=$(command -v py-spy)" | tee -a "$w/env.txt"
 timeout -k 10 "${SCENARIO_LIMIT_S:-420}" python3 "$src/bench/gpu_multirank/scenario.py" "$w" --device cuda --find-links "$PWD/.whl" 2>&1 | tee "$w/scenario.txt"
 rc=${PIPESTATUS[0]}
 echo "scenario.py exit code $rc at $(date -u +%FT%TZ)" | tee -a "$w/scenario.txt"
