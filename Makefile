@@ -46,8 +46,12 @@ test: lint
 serve: setup
 	scripts/serve.sh
 
+# CPU benchmarks, each kept in bench/results/NAME.json (bench/record.py); about 40 minutes on 2 cores.
+# The GPU side (bench/gpu_* scripts) runs on the GPU machine, not here.
 bench: setup
-	$(PY) bench/detection_latency.py
+	$(PY) bench/record.py detection_latency -- $(PY) bench/detection_latency.py
+	$(PY) bench/record.py check_time -- $(PY) bench/check_time.py
+	$(PY) bench/record.py overhead -- $(PY) bench/overhead.py
 
 bench-fleet: setup
 	$(PY) bench/fleet_checks.py

@@ -28,6 +28,12 @@ Rejected: (a) `prctl` from a `preexec_fn` in Prefect's own Popen means monkeypat
 `SubprocessASGIServer._run_uvicorn_command`, and `preexec_fn` is unsafe once threads exist (Prefect
 starts them freely). (c) A watchdog wrapper around Prefect's server needs that same Popen call.
 
+Only when needed: commands that run no flow (help, diagnose, `recover --dry-run`, ...) start nothing; a
+server that is configured (PREFECT_API_URL, the active profile, prefect.toml/.env/pyproject.toml) is left
+to Prefect; and where nothing is configured but a Prefect server answers where `prefect server start` and
+`make serve` listen (127.0.0.1:4200), relaunch uses that one (saying so on stderr) instead of booting its
+own, which costs seconds of CPU (importing Prefect's server and building its app: 3-5 s on 2 cores).
+
 Fail safe: whether Prefect would start a temporary server at all (no URL in the active profile or
 prefect.toml, ephemeral mode on) is decided by the server child with Prefect's own settings (this
 process waits the ~1 s that takes), before PREFECT_API_URL is set here; if not, it exits and nothing
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import importlib
 import os
 import select
@@ -68,6 +75,10 @@ GO = b"1"
 DECISION_TIMEOUT_SECONDS = 60.0
 STOP_GRACE_SECONDS = 5.0
 PR_SET_PDEATHSIG = 1
+# Where `prefect server start` (and `make serve`) listens by default.
+DEFAULT_LOCAL_API_URL = "http://127.0.0.1:4200/api"
+# A local server answers /health in milliseconds; a refused port fails at once. Bounded for a busy host.
+PROBE_TIMEOUT_SECONDS = 1.0
 
 
 class TempServerError(RuntimeError):
@@ -104,6 +115,12 @@ def start_for_cli(argv: Sequence[str], environ: MutableMapping[str, str] = os.en
     """Called first in `main()`: start our temporary server when Prefect would start its own. Never raises."""
     if not needs_temp_server(argv, environ):
         return None
+    # A server already running where `prefect server start` listens (`make serve`): use it, start none.
+    # Only when nothing is configured anywhere, so a configured server is never overridden.
+    if _nothing_configured(environ) and reachable(DEFAULT_LOCAL_API_URL):
+        environ["PREFECT_API_URL"] = DEFAULT_LOCAL_API_URL
+        print(f"relaunch: using the Prefect server at {DEFAULT_LOCAL_API_URL}", file=sys.stderr)
+        return None
     try:
         server = start(environ)
     except Exception as exc:  # noqa: BLE001 - any trouble here must leave the CLI working as before
@@ -122,9 +139,64 @@ def start_for_cli(argv: Sequence[str], environ: MutableMapping[str, str] = os.en
 
 def needs_temp_server(argv: Sequence[str], environ: MutableMapping[str, str]) -> bool:
     """Cheap checks only: Prefect is not imported here (its settings are read once, at import)."""
-    if os.name != "posix" or environ.get("PREFECT_API_URL") or "--help" in argv:
+    if os.name != "posix" or environ.get("PREFECT_API_URL"):
         return False
-    return _command(argv) in FLOW_COMMANDS and not _profile_sets_api_url(environ)
+    return runs_flow(argv) and not _profile_sets_api_url(environ)
+
+
+def runs_flow(argv: Sequence[str]) -> bool:
+    """Whether this command line runs a Prefect flow (and so needs an API and Prefect's imports)."""
+    command = command_of(argv)
+    if "--help" in argv or (command == "recover" and "--dry-run" in argv):
+        return False  # help, or the dry run's printout of the host commands
+    return command in FLOW_COMMANDS
+
+
+# Environment settings that change where Prefect finds its API, or whether it may start a temporary one.
+_API_SETTINGS = ("PREFECT_API_URL", "PREFECT_PROFILE", "PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE")
+# Files in the working directory Prefect reads settings from, and what marks Prefect settings in each.
+_SETTINGS_FILES = {".env": "PREFECT_", "prefect.toml": "", "pyproject.toml": "tool.prefect"}
+
+
+def _nothing_configured(environ: MutableMapping[str, str]) -> bool:
+    """Sure that no API URL is configured anywhere Prefect looks (and its temporary server is allowed).
+
+    Conservative: any settings file in the working directory, any such variable, or a profile with settings
+    of its own answers False, and then nothing is probed: Prefect's own resolution (in the server child) decides.
+    """
+    if any(environ.get(name) for name in _API_SETTINGS) or any(_has_settings(name, mark) for name, mark in _SETTINGS_FILES.items()):
+        return False
+    profiles = _profiles_path(environ)
+    if not profiles.exists():
+        return True  # Prefect's packaged default: the `ephemeral` profile
+    try:
+        data = tomllib.loads(profiles.read_text())
+    except (OSError, ValueError):
+        return False
+    table = data.get("profiles")
+    active = data.get("active", "ephemeral")
+    profile = table.get(active, {}) if isinstance(table, dict) else {}
+    allowed = {"PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "PREFECT_SERVER_EPHEMERAL_ENABLED"}
+    return (
+        active == "ephemeral"
+        and isinstance(profile, dict)
+        and set(profile) <= allowed
+        and all(str(v).lower() == "true" for v in profile.values())
+    )
+
+
+def _has_settings(name: str, mark: str) -> bool:
+    try:
+        return mark.lower() in Path(name).read_text(errors="replace").lower()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # unreadable: cannot tell, so not sure nothing is configured
+
+
+def _profiles_path(environ: MutableMapping[str, str]) -> Path:
+    home = Path(environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    return Path(environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
 
 
 def _profile_sets_api_url(environ: MutableMapping[str, str]) -> bool:
@@ -133,10 +205,8 @@ def _profile_sets_api_url(environ: MutableMapping[str, str]) -> bool:
     A reading of Prefect's profiles file, not Prefect's full resolution: a miss (prefect.toml, .env)
     still ends in the child's exact check; a wrong hit only leaves Prefect's own behaviour.
     """
-    home = Path(environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
-    path = Path(environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
     try:
-        profiles = tomllib.loads(path.read_text())
+        profiles = tomllib.loads(_profiles_path(environ).read_text())
     except (OSError, ValueError):
         return False
     active = environ.get("PREFECT_PROFILE") or profiles.get("active")
@@ -145,7 +215,27 @@ def _profile_sets_api_url(environ: MutableMapping[str, str]) -> bool:
     return isinstance(profile, dict) and bool(profile.get("PREFECT_API_URL"))
 
 
-def _command(argv: Sequence[str]) -> str | None:
+def reachable(api_url: str, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> bool:
+    """A Prefect API answers `GET {api_url}/health` with `true` (what Prefect's own client checks)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(api_url)
+    if url.scheme != "http" or not url.hostname:
+        return False
+    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout_seconds)
+    try:
+        conn.request("GET", f"{url.path.rstrip('/')}/health")
+        response = conn.getresponse()
+        return response.status == 200 and response.read(64).strip() == b"true"
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand: the first argument that is not an option (`relaunch --debug check t.yaml` -> check)."""
     return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
@@ -223,12 +313,20 @@ def serve(parent: int, socket_fd: int, lifeline_fd: int, status_fd: int, app: st
         return NOT_WANTED
     import uvicorn
 
-    # What Prefect's `python -m uvicorn --factory APP --log-level error --lifespan on` sets up.
-    server = uvicorn.Server(uvicorn.Config(app, factory=True, log_level="error", lifespan="on"))
     os.write(status_fd, GO)
     os.close(status_fd)
-    # The slow part (~3 s of imports) before uvicorn takes SIGTERM over: until then, a dying parent's SIGTERM ends us at once.
-    importlib.import_module(app.partition(":")[0])
+    # The slow part (~3 s of imports, then the app) before uvicorn takes SIGTERM over: until then, a dying
+    # parent's SIGTERM ends us at once. With the collector off: what they allocate lives as long as the server,
+    # so the collections it would trigger free nothing (about a tenth of the boot's CPU); frozen after.
+    module, _, factory = app.partition(":")
+    gc.disable()
+    try:
+        asgi = getattr(importlib.import_module(module), factory)()
+    finally:
+        gc.freeze()
+        gc.enable()
+    # What Prefect's `python -m uvicorn --factory APP --log-level error --lifespan on` sets up, the factory called above.
+    server = uvicorn.Server(uvicorn.Config(asgi, log_level="error", lifespan="on"))
     server.run(sockets=[socket.socket(fileno=socket_fd)])
     return 0 if server.started else STARTUP_FAILURE
 

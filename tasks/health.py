@@ -17,6 +17,9 @@ from relaunch.verdicts import Verdict
 from tasks.common import Progress as ProgressArtifact
 from tasks.common import artifact_key, execute, log, step_task
 
+# The progress artifact of a start-up is updated at most this often.
+PROGRESS_UPDATE_SECONDS = 5.0
+
 
 class HealthResult(BaseModel):
     diagnosis: Diagnosis
@@ -43,7 +46,9 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
     t = target.thresholds
     deadline = time.monotonic() + (timeout_seconds if timeout_seconds is not None else t.settle_timeout_seconds)
     start, progress, polls, last = time.monotonic(), Progress(), 0, None
-    bar = ProgressArtifact(artifact_key(target.name, "health"), "waiting for the verdict to settle")
+    # Created at the first `starting` verdict: a check that settles at once (most of them) makes no API call for it.
+    bar: ProgressArtifact | None = None
+    bar_updated = float("-inf")  # the first start-up poll shows at once
     while True:
         wait = 0 if polls == 0 else min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
         snap = collect_snapshot(target, wait)
@@ -53,7 +58,10 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
         if last is None or diagnosis.verdict is not last:
             log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
             last = diagnosis.verdict
-        if diagnosis.verdict is Verdict.STARTING:
+        if diagnosis.verdict is Verdict.STARTING and time.monotonic() - bar_updated >= PROGRESS_UPDATE_SECONDS:
+            # One API round trip per update: a few a minute are enough for a start-up that takes minutes.
+            bar_updated = time.monotonic()
+            bar = bar or ProgressArtifact(artifact_key(target.name, "health"), "waiting for the verdict to settle")
             elapsed = snap.seconds_since_launch or 0.0
             bar.update(min(99.0, 100.0 * elapsed / max(t.startup_grace_seconds, 1.0)), diagnosis.summary, announce=False)
         if diagnosis.settled or time.monotonic() >= deadline:
