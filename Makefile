@@ -39,8 +39,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	cd relaunch/host && shellcheck -x -s bash *.sh
 
+# Three workers on two cores: most tests wait on processes, servers and sockets rather than compute;
+# worksteal keeps the long tests (the demo scenarios) from ending up in one worker's queue.
 test: lint
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 3 --dist worksteal --durations=25
 
 # A local control plane: Prefect server (SQLite), work pool, deployments, a worker. Ctrl-C stops it all.
 serve: setup
