@@ -49,11 +49,13 @@ serve: setup
 	scripts/serve.sh
 
 # CPU benchmarks, each kept in bench/results/NAME.json (bench/record.py); about 40 minutes on 2 cores.
-# The GPU side (bench/gpu_* scripts) runs on the GPU machine, not here.
+# The GPU side runs on the GPU machine, not here: bash bench/gpu_demo/run.sh OUT (see its header).
 bench: setup
 	$(PY) bench/record.py detection_latency -- $(PY) bench/detection_latency.py
 	$(PY) bench/record.py check_time -- $(PY) bench/check_time.py
 	$(PY) bench/record.py overhead -- $(PY) bench/overhead.py
+	$(PY) bench/record.py warmup_efficacy_cpu -- $(PY) bench/warmup_efficacy.py --device cpu
+	$(PY) bench/record.py recover_breakdown_cpu -- $(PY) bench/recover_breakdown.py --device cpu
 
 bench-fleet: setup
 	$(PY) bench/fleet_checks.py
