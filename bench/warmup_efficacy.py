@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -26,12 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="relaunch-prefect-"))
-os.environ.update(DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ["PATH"] = f"{os.environ['PATH']}{os.pathsep}{Path(sys.executable).parent}"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _flow_env import ROOT  # noqa: E402,F401 - first: the environment Prefect is imported into
 
 from demo.scenarios import build_target, say  # noqa: E402
 from demo.target import resolve_device  # noqa: E402
