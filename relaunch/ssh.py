@@ -43,16 +43,11 @@ _WIRE_ERRORS = (paramiko.SSHException, EOFError, OSError, ThreadException)
 
 
 class _Remote(Remote):
-    """fabric's runner, with stdin closed and output decoded across read boundaries."""
+    """fabric's runner, with output decoded across read boundaries."""
 
     # invoke polls for the end of a command every input_sleep; its 10 ms default doubles a short command's round trip.
     input_sleep = 0.002
     killed = False
-
-    def send_start_message(self, command: str) -> None:
-        super().send_start_message(command)
-        # Like LocalTransport's stdin=DEVNULL: a command that reads stdin sees EOF instead of hanging until the timeout.
-        self.channel.shutdown_write()
 
     def read_proc_output(self, reader: Callable[[int], bytes]) -> Iterator[str]:
         # invoke decodes every chunk on its own, which mangles a UTF-8 character split between two reads.
@@ -230,7 +225,10 @@ class SSHTransport:
 
     def execute(self, command: Command) -> Result:
         timeout = command.timeout_seconds or self.host.command_timeout_seconds
-        remote = shlex.join(host_argv(command, self.host.container, timeout))
+        # stdin is /dev/null on the host (like LocalTransport's stdin=DEVNULL: a command that reads it sees EOF at once).
+        # Not an EOF sent on the channel: a fast command's channel may already be freed by sshd when it arrives, and
+        # OpenSSH then drops the whole connection ("ieof packet referred to nonexistent channel"), every command on it too.
+        remote = shlex.join(host_argv(command, self.host.container, timeout)) + " < /dev/null"
         if len(remote.encode()) > MAX_COMMAND_BYTES:
             raise CommandTooLong(
                 f"`{command.display}` is {len(remote.encode())} bytes quoted; the limit is {MAX_COMMAND_BYTES}: send large data as a file"
