@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import uuid
@@ -62,7 +63,11 @@ def shell_target(tmp_path: Path, name: str = "t", **overrides) -> Target:
 
 
 def tmux_alive(session: str) -> bool:
-    return subprocess.run(["tmux", "has-session", "-t", f"={session}"], capture_output=True).returncode == 0
+    """Whether tmux has the session; a tmux that could not answer (a busy server) is an error, not a 'no'."""
+    out = subprocess.run(["tmux", "has-session", "-t", f"={session}"], capture_output=True, text=True)
+    if out.returncode != 0 and not re.search(r"can't find session|no server running|error connecting to .*No such file", out.stderr):
+        raise AssertionError(f"tmux could not say whether session {session} exists: exit {out.returncode}: {out.stderr.strip()}")
+    return out.returncode == 0
 
 
 def stop_all(*targets: Target) -> None:

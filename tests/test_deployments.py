@@ -25,6 +25,7 @@ import yaml
 from demo.target import make_target
 from relaunch.config import Host, Target
 from relaunch.playbook import Action
+from tasks.health import collect_snapshot
 from tasks.launch import launch
 from tests.faults import wait_for
 from tests.targets import shell_target, stop_all, tmux_alive, wait_for_exit
@@ -323,6 +324,7 @@ def test_two_recoveries_of_one_target_started_together_leave_exactly_one_trainer
         outputs = [p.communicate(timeout=150)[0] for p in procs]
         results = [(p.returncode, out, err.read_text()) for p, out, err in zip(procs, outputs, errs)]
         running = tmux_alive(target.tmux_session)
+        trainer = collect_snapshot(target)
     finally:
         (gate / "open").touch()
         for p in procs:
@@ -330,7 +332,10 @@ def test_two_recoveries_of_one_target_started_together_leave_exactly_one_trainer
                 p.kill()
         stop_all(target)
     runs = sorted((Path(target.state_path) / "runs").iterdir())
-    assert len(runs) == 1 and running, f"exactly one trainer was launched: {[r.name for r in runs]}\n{results}"
+    assert len(runs) == 1 and running, (
+        f"exactly one trainer was launched and runs: {[r.name for r in runs]}, tmux session {running}, "
+        f"trainer PID alive {trainer.pid_alive}, exit code {trainer.exit_code}\n{outcomes(results)}\n{trainer.log_tail[-10:]}"
+    )
     launched, other = [], []
     for code, stdout, stderr in results:
         report = json.loads(stdout) if code == 0 else None
@@ -345,6 +350,18 @@ def test_two_recoveries_of_one_target_started_together_leave_exactly_one_trainer
         assert waited and [a["action"] for a in report["attempts"]] == [Action.NONE.value], f"the second {second}: {other[0]}"
     else:
         assert code == 1 and "another recovery of" in stderr, f"the second {second}: {other[0]}"
+
+
+def outcomes(results: list[tuple[int, str, str]]) -> str:
+    """Each recovery's exit code, its attempts as verdict -> action, and the end of its stderr: short enough to survive CI."""
+    lines = []
+    for i, (code, stdout, stderr) in enumerate(results):
+        try:
+            attempts = [f"{a['verdict']}({a.get('cause')}) -> {a['action']}" for a in json.loads(stdout)["attempts"]]
+        except (ValueError, KeyError, TypeError):
+            attempts = [f"stdout: {stdout[-300:]!r}"]
+        lines.append(f"recovery {i + 1}: exit {code}; {'; '.join(attempts)}; stderr: {stderr[-1200:]}")
+    return "\n".join(lines)
 
 
 def test_the_demo_deployment_recovers_the_prepared_demo_target_as_deployed(plane):
