@@ -4,13 +4,16 @@ last poll (RUN/scan), so a multi-gigabyte log costs a poll its new bytes, not th
 from __future__ import annotations
 
 import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tasks.health import collect_snapshot
 from tasks.launch import launch
-from tests.faults import making
+from tests.faults import making, wait_for
 from tests.targets import current_log
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -76,3 +79,44 @@ def test_a_failure_line_cut_in_half_by_a_poll_is_found_once_it_is_whole(log):
     matches = collect_snapshot(target).log_matches
     assert CUDA_ERROR in matches, matches
     assert os.path.getsize(path) > 256 << 10
+
+
+def test_a_waiting_poll_asked_to_wake_on_the_log_returns_at_the_first_line_written_since_the_last_poll(log):
+    target, path = log
+    append(path, steps(1, 2))
+    collect_snapshot(target)
+    (mark,) = Path(target.state_path).glob("runs/*/poll_mark")
+    with ThreadPoolExecutor(1) as pool:
+        start = time.monotonic()
+        poll = pool.submit(collect_snapshot, target, 60, True)
+        # Past the clock tick of the last poll's mark (the file system's clock is coarse), wherever the new poll is.
+        wait_for(lambda: time.time_ns() > mark.stat().st_mtime_ns + 50_000_000, 5, "the clock to pass the mark")
+        append(path, steps(3, 1))
+        snap = poll.result(timeout=30)
+    assert snap.log_tail[-1].startswith("step=3 "), snap.log_tail[-3:]
+    assert time.monotonic() - start < 30, "the poll returned at the line, long before its 60 s"
+    start = time.monotonic()
+    assert collect_snapshot(target, 1.0, True).log_tail[-1].startswith("step=3 ")
+    assert time.monotonic() - start >= 1.0, "with nothing written since, a waking poll waits its whole time"
+
+
+def test_a_waiting_poll_not_asked_to_wake_waits_its_whole_time_however_much_is_written(log):
+    target, path = log
+    stop = threading.Event()
+
+    def chatter() -> None:
+        i = 1
+        while not stop.wait(0.05):
+            append(path, steps(i, 1))
+            i += 1
+
+    writer = threading.Thread(target=chatter)
+    writer.start()
+    try:
+        start = time.monotonic()
+        snap = collect_snapshot(target, 1.5)
+        elapsed = time.monotonic() - start
+    finally:
+        stop.set()
+        writer.join()
+    assert elapsed >= 1.5 and len(snap.log_tail) > 5, (elapsed, len(snap.log_tail))

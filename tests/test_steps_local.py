@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from relaunch.errors import CommandFailed, PreflightFailed
+from relaunch.host import host_script
 from relaunch.verdicts import Cause, Verdict
 from tasks.health import collect_snapshot, poll_until_settled
 from tasks.launch import launch
@@ -197,3 +200,26 @@ def test_relaunch_rollback_venv_puts_the_previous_venv_back_in_one_command(targe
     assert result.exit_code == 0, result.output
     assert (Path(target.venv_dir) / "mine").read_text() == "the user's venv"
     assert "rolled-back" in result.output
+
+
+def test_the_pane_outlives_a_supervisor_that_records_its_pid_late_and_then_follows_it(tmp_path):
+    # A loaded host: the supervisor records itself after 11 s (the launcher used to give up at 10 s, ending
+    # the pane and the tmux session under a trainer that ran on).
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log_path").write_text(str(tmp_path / "train.log"))
+    (run / "supervisor.sh").write_text('sleep 11; echo "$$ 0" > "$1/supervisor_pid"; exec sleep 60\n')
+    (run / "launcher.sh").write_text(host_script("launcher"))
+    session = f"relaunch-test-late-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "bash", str(run / "launcher.sh"), str(run)], check=True)
+    try:
+        wait_for(lambda: (run / "supervisor_pid").exists(), 30, "the supervisor to record its PID")
+        supervisor = int((run / "supervisor_pid").read_text().split()[0])
+        assert tmux_alive(session), "the pane ended before the supervisor recorded itself"
+        os.killpg(supervisor, signal.SIGKILL)
+        wait_for(lambda: not tmux_alive(session), 10, "the pane to end with the supervisor it follows")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", f"={session}"], capture_output=True)
+        if (run / "supervisor_pid").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int((run / "supervisor_pid").read_text().split()[0]), signal.SIGKILL)

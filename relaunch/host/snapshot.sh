@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # shellcheck shell=bash
-# One health poll: waits up to $3 ms, returns the moment the trainer dies; sections marked with a per-poll nonce.
+# One health poll: waits up to $3 ms, returns the moment the trainer dies (and, with $13 = 1, the moment its log
+# is written: a trainer already stepping is judged at the step line that settles it, not up to a poll later);
+# sections marked with a per-poll nonce.
 # shellcheck source=lib.sh
 . ./lib.sh
 state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10} logdir=${11} ckpt=${12}
+wake=${13:-0}
 M="@@relaunch-$nonce@@"
 # What `grep -a -b -B 12 -m 30 -E RE LOG` prints, read incrementally so a poll costs the new bytes, not the
 # whole log: RUN/scan keeps how far the log was scanned (and for which words), RUN/scan_matches what was found.
@@ -40,10 +43,19 @@ pid='' pstart='' spid='' sstart='' t=0 log='' exit_code='' started='' checkpoint
 [ -n "$run_id" ] && read_pid "$run/pid" pid pstart
 [ -n "$run_id" ] && read_pid "$run/supervisor_pid" spid sstart
 now_us t; end=$(( t + wait_ms * 1000 ))
-while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && now_us t && [ "$t" -lt "$end" ]; do sleep 0.05; done
+# RUN/poll_mark is written (a redirection, no process) as each poll reads the log: a log newer than it (`-nt`,
+# no process either) was written after the last poll read it. A write in the same clock tick as the mark goes
+# unseen until the next one: a poll returns late then, never early. Not before 200 ms: a log written many times
+# a second makes at most five polls a second.
+ref='' log='' wake_from=$(( t + 200000 ))
+if [ "$wake" = 1 ] && [ -n "$run_id" ] && [ -f "$run/poll_mark" ]; then slurp log "$run/log_path"; ref=$run/poll_mark; fi
+while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && now_us t && [ "$t" -lt "$end" ]; do
+  [ -n "$ref" ] && [ "$t" -ge "$wake_from" ] && [ "$log" -nt "$ref" ] && break
+  nap 0.05
+done
 # The supervisor writes the exit code just after the trainer dies: give it a moment.
 for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
-  [ -e "$run/exit_code" ] && break; alive "$pid" "$pstart" && break; alive "$spid" "$sstart" || break; sleep 0.05
+  [ -e "$run/exit_code" ] && break; alive "$pid" "$pstart" && break; alive "$spid" "$sstart" || break; nap 0.05
 done
 slurp log "$run/log_path"; slurp exit_code "$run/exit_code"; slurp started "$run/started_at"; slurp checkpoint "$run/checkpoint"
 now_us t; now="${t%??????}.${t: -6}"
@@ -87,6 +99,7 @@ if [ "$want_kernel" = 1 ] && ! alive "$pid" "$pstart"; then
     | grep -E 'Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus|GPU is lost' | tail -n 16
 fi
 if [ -n "$log" ] && [ -f "$log" ]; then
+  [ -w "$run" ] && { : > "$run/poll_mark"; } 2> /dev/null
   size=$(stat -c %s "$log")
   skip=$(( size > tail_bytes ? size - tail_bytes : 0 ))
   kept=$(tail -c +$((skip + 1)) "$log" | head -c $((size - skip)) | tail -n "$tail_n" | wc -c)
