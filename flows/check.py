@@ -6,10 +6,10 @@ no second trainer is ever started beside a live one (recover-training checks aga
 
 from __future__ import annotations
 
-from prefect import flow, tags
+from prefect import flow
 
 from flows.common import attempt_from, publish
-from flows.outcome import FINE, final_state, report_of, run_tags, tag_flow_run
+from flows.outcome import FINE, final_state, report_of, tag_flow_run, untagged_tasks
 from flows.recover import checked, recover_training
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
@@ -30,7 +30,7 @@ def check_training(target: Target, recover: bool = False) -> Report:
     """
     report = Report(target=target.name, host=target.host.label, flow="check-training")
     tag_flow_run(target)
-    with tags(*run_tags(target)):
+    with untagged_tasks():
         health = checked(target, 1)
     action, why, _ = remedy(health.diagnosis)
     verdict = health.diagnosis.verdict

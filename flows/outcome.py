@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect.client.schemas.objects import State
-from prefect.context import FlowRunContext
+from prefect.context import FlowRunContext, TagsContext
 from prefect.states import Failed
 
 from relaunch.config import Target
@@ -105,6 +105,17 @@ def tag_flow_run(target: Target) -> None:
             client.update_flow_run(ctx.flow_run.id, tags=sorted({*ctx.flow_run.tags, *wanted}))
     except Exception as exc:
         log().warning("could not tag the flow run: %s", exc)
+
+
+def untagged_tasks() -> TagsContext:
+    """Task runs inside without the run's tags (the flow run keeps them, for the UI and automations).
+
+    Prefect checks every tagged task run against tag concurrency limits: two API writes per task run, which a
+    SQLite server busy with the run's logs and events answers `503 database is locked`, and the client retries
+    ~2 s later (measured: two such stalls in one full recovery of the demo). Hosts are serialised by relaunch's
+    own global limit (flows/recover.py host_slot), not by tags.
+    """
+    return TagsContext(current_tags=set())
 
 
 def run_tags(target: Target) -> list[str]:

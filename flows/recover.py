@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 
-from prefect import flow, tags
+from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectNotFound
 
 from flows.common import attempt_from, publish
-from flows.outcome import emit, final_state, is_fine, run_tags, tag_flow_run
+from flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.playbook import Action, choose_action, resume_constraints, steps_for
@@ -68,7 +68,7 @@ def recover_training(target: Target, force: bool = False) -> Report:
     run_ctx = FlowRunContext.get()
     flow_run = str(run_ctx.flow_run.id) if run_ctx and run_ctx.flow_run else ""
     tag_flow_run(target)
-    with tags(*run_tags(target)):
+    with untagged_tasks():
         # Preflight only reads: it runs before the lock, so bad input creates nothing at all.
         pre = preflight(target)
         report.preflight.append(pre)

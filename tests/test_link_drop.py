@@ -71,11 +71,12 @@ def records(target: Target, step_label: str) -> list[tuple[int, str, int]]:
 def retrying(target: Target, task: str) -> bool:
     """Prefect has given the step's first try up (a dead connection) and scheduled its retry."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName, TaskRunFilterTags
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags, TaskRunFilter, TaskRunFilterName
 
     with get_client(sync_client=True) as client:
         runs_ = client.read_task_runs(
-            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=f"{task}@"), tags=TaskRunFilterTags(all_=[f"target:{target.name}"]))
+            flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"target:{target.name}"])),
+            task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=f"{task}@")),
         )
     return any(r.state and (r.state.name in ("AwaitingRetry", "Retrying") or r.run_count > 1) for r in runs_)
 

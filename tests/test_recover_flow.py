@@ -51,6 +51,25 @@ def test_recovery_of_a_healthy_run_changes_nothing(tmp_path):
         stop.fn(target)
 
 
+def test_a_recovery_tags_its_flow_run_with_target_and_host_and_its_task_runs_not_at_all(tmp_path):
+    # Untagged task runs cost Prefect no tag-concurrency calls (flows/outcome.py untagged_tasks).
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    target = shell_target(tmp_path, name="tagged")
+    launch.fn(target, 1)
+    try:
+        state = recover_training(target, return_state=True)
+    finally:
+        stop.fn(target)
+    flow_run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run_id)
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    assert {"target:tagged", f"host:{target.host.hostname}"} <= set(flow_run.tags), flow_run.tags
+    assert task_runs and all(not t.tags for t in task_runs), [(t.name, t.tags) for t in task_runs]
+
+
 def test_the_same_failure_twice_without_progress_ends_with_a_clear_report(tmp_path):
     target = shell_target(tmp_path, launch_command="python3 -c \"import json; json.loads('{broken')\"", max_attempts=5)
     try:
