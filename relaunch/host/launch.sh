@@ -41,5 +41,7 @@ date +%s.%N > "$run/started_at"
 printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$state/current"
 # Several arguments: tmux runs them directly, with no shell in between to quote for.
 # 9>&-: the lock is the launch's alone; a tmux server or trainer inheriting it would hold it for the whole run.
-tmux new-session -d -s "$session" -x 220 -y 50 bash "$run/launcher.sh" "$run" 9>&- || exit 13
+# env -u: a pane takes the tmux server's environment, which is that of whatever first started the server; a
+# RELAUNCH_RUN there (a server started from inside a trainer) would mark this pane as another run's process.
+tmux new-session -d -s "$session" -x 220 -y 50 env -u RELAUNCH_RUN bash "$run/launcher.sh" "$run" 9>&- || exit 13
 wait_for_pid "$run"
