@@ -7,7 +7,10 @@ then recovered by one of three contenders, in a rotating order each round:
   wheelhouse, git checkout, rm -rf + warm-up, tmux new-session, an `until grep` loop once a second);
 - `relaunch-temp`: `.venv/bin/relaunch recover TARGET` with no Prefect server configured: relaunch starts its
   temporary one, as a new user gets it;
-- `relaunch-server`: the same with PREFECT_API_URL pointing at a `prefect server start` this bench runs.
+- `relaunch-server`: the same with PREFECT_API_URL pointing at a `prefect server start` this bench runs;
+- `relaunch-agent`: the same again, through a `relaunch agent start`ed once before the rounds (relaunch/agent.py:
+  Prefect and the flows already imported, the command forked with the caller's environment).
+Every contender but the agent's runs with RELAUNCH_AGENT=off, and the agent lives in a folder of the bench's own.
 
 Two cases:
 - `full`: the fx-race breakage (venv drifted to tinyattn 1.1, model.py hacked, stale cache, the trainer
@@ -22,6 +25,7 @@ same polls: no extra wait). Wall time from process start to exit, from a shell e
 PREFECT_* variables. Breaking the target again between runs is not timed.
 
     .venv/bin/python bench/record.py overhead -- .venv/bin/python bench/overhead.py [--rounds 5] [--cases full,relaunch]
+        [--contenders bash,relaunch-temp,relaunch-server,relaunch-agent]
 
 Prints a summary on stderr and the JSON on stdout. Medians and p95 (nearest rank) from bench/stats.py;
 the ratios are relaunch's median over the script's median, and the median of the per-round ratios.
@@ -56,7 +60,7 @@ from bench.stats import P95_METHOD, machine, summary  # noqa: E402
 
 SESSION = "relaunch-bench-overhead"
 MANUAL = ROOT / "bench" / "overhead_manual.sh"
-CONTENDERS = ("bash", "relaunch-temp", "relaunch-server")
+CONTENDERS = ("bash", "relaunch-temp", "relaunch-server", "relaunch-agent")
 # With --baseline DIR: the same two runs of an older relaunch, for a before/after in the same alternation.
 BASELINES = ("relaunch-temp-baseline", "relaunch-server-baseline")
 EXPECTED_ACTION = {"full": "full_recovery", "relaunch": "relaunch"}
@@ -67,13 +71,40 @@ def log(message: str) -> None:
     print(f"[overhead] {message}", file=sys.stderr, flush=True)
 
 
-def user_env(api_url: str | None) -> dict[str, str]:
+# The bench's own agent folder (XDG_RUNTIME_DIR), made at first use: a user's agent is never timed, and ours
+# serves nobody else.
+_AGENT_RUNTIME: list[Path] = []
+
+
+def agent_runtime() -> Path:
+    if not _AGENT_RUNTIME:
+        _AGENT_RUNTIME.append(Path(tempfile.mkdtemp(prefix="relaunch-bench-agent-")))
+    return _AGENT_RUNTIME[0]
+
+
+def user_env(api_url: str | None, agent: bool = False) -> dict[str, str]:
     """A user's shell: no Prefect settings of ours leak in; the venv's bin on PATH (uv, relaunch)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "DO_NOT_TRACK"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k not in ("DO_NOT_TRACK", "RELAUNCH_AGENT")}
     env["PATH"] = f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin"
+    env["XDG_RUNTIME_DIR"] = str(agent_runtime())
+    env["RELAUNCH_AGENT"] = "on" if agent else "off"
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return env
+
+
+@contextmanager
+def relaunch_agent() -> Iterator[None]:
+    """`relaunch agent start` once, as a user would before a night of recoveries; stopped at the end."""
+    started = subprocess.run([str(VENV_BIN / "relaunch"), "agent", "start"], env=user_env(None, agent=True), capture_output=True, text=True)
+    if started.returncode != 0:
+        raise SystemExit(f"relaunch agent start failed: {started.stdout}{started.stderr}")
+    log(started.stdout.strip())
+    try:
+        yield
+    finally:
+        subprocess.run([str(VENV_BIN / "relaunch"), "agent", "stop"], env=user_env(None, agent=True), capture_output=True, text=True)
+        shutil.rmtree(agent_runtime(), ignore_errors=True)
 
 
 # ---- a running Prefect server -------------------------------------------------------------------
@@ -218,9 +249,11 @@ def time_bash(case: str, target: Any, work: Path, out: Path) -> dict[str, Any]:
     return {"seconds": round(seconds, 3), "phases_seconds": phases}
 
 
-def time_relaunch(case: str, target_file: Path, api_url: str | None, out: Path, baseline: Path | None = None) -> dict[str, Any]:
+def time_relaunch(
+    case: str, target_file: Path, api_url: str | None, out: Path, baseline: Path | None = None, agent: bool = False
+) -> dict[str, Any]:
     argv = [str(VENV_BIN / "relaunch"), "recover", str(target_file), "--json"]
-    env, cwd = user_env(api_url), ROOT
+    env, cwd = user_env(api_url, agent), ROOT
     if baseline:
         cwd = baseline  # `python -m` puts the working directory first on sys.path
         # An older relaunch tree (`git archive REF relaunch tasks flows | tar -x -C DIR`) ahead of this checkout.
@@ -266,9 +299,17 @@ def phases_of(stderr: str, started_at: float) -> dict[str, float]:
 
 
 def run_case(
-    case: str, rounds: int, target: Any, target_file: Path, work: Path, api_url: str, outputs: Path, baseline: Path | None
+    case: str,
+    rounds: int,
+    target: Any,
+    target_file: Path,
+    work: Path,
+    api_url: str,
+    outputs: Path,
+    baseline: Path | None,
+    contenders: tuple[str, ...] = CONTENDERS,
 ) -> dict[str, Any]:
-    contenders = CONTENDERS + (BASELINES if baseline else ())
+    contenders = contenders + (BASELINES if baseline else ())
     samples: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
     if case == "relaunch":
         # The prepared target is broken (fx-race): put it right once, untimed, by the script's full procedure.
@@ -281,8 +322,9 @@ def run_case(
             if contender == "bash":
                 sample = time_bash(case, target, work, out)
             else:
-                server = api_url if contender.startswith("relaunch-server") else None
-                sample = time_relaunch(case, target_file, server, out, baseline if contender in BASELINES else None)
+                server = None if contender.startswith("relaunch-temp") else api_url
+                agent = contender == "relaunch-agent"
+                sample = time_relaunch(case, target_file, server, out, baseline if contender in BASELINES else None, agent)
             sample["load_average_1m"] = round(os.getloadavg()[0], 2)
             samples[contender].append(sample)
             log(f"{case} round {number + 1}/{rounds} {contender:<16} {sample['seconds']:6.2f} s (load {sample['load_average_1m']})")
@@ -319,6 +361,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="Timed runs per contender and case.")
     parser.add_argument("--cases", default="full,relaunch", help="full, relaunch or both (comma-separated).")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="Which of them (comma-separated; bash always).")
     parser.add_argument("--workdir", type=Path, help="Keep the target, outputs and server log here (default: a temp folder, removed).")
     parser.add_argument(
         "--baseline",
@@ -331,6 +374,10 @@ def main() -> None:
     cases = [c for c in args.cases.split(",") if c]
     if not set(cases) <= set(BREAK):
         parser.error(f"cases are {', '.join(BREAK)}")
+    chosen = {c for c in args.contenders.split(",") if c} | {"bash"}
+    if not chosen <= set(CONTENDERS):
+        parser.error(f"contenders are {', '.join(CONTENDERS)}")
+    contenders = tuple(c for c in CONTENDERS if c in chosen)
 
     from demo.scenarios import prepare
     from relaunch.tempserver import DEFAULT_LOCAL_API_URL, reachable
@@ -350,9 +397,9 @@ def main() -> None:
         target_file = tmp / "target.yaml"
         target_file.write_text(yaml.safe_dump(target.model_dump(mode="json", exclude_defaults=True), sort_keys=False))
         results: dict[str, Any] = {}
-        with prefect_server(tmp / "prefect-home") as api_url:
+        with prefect_server(tmp / "prefect-home") as api_url, relaunch_agent():
             for case in cases:
-                results[case] = run_case(case, args.rounds, target, target_file, work, api_url, outputs, args.baseline)
+                results[case] = run_case(case, args.rounds, target, target_file, work, api_url, outputs, args.baseline, contenders)
     finally:
         with_target = "target" in locals()
         if with_target:
@@ -363,7 +410,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "what": "wall seconds of one recovery of the demo target, from process start to exit, by a bash script of the same steps and by `relaunch recover` (with no server: its temporary one; with a running `prefect server start`), alternated in one run",
+                "what": "wall seconds of one recovery of the demo target, from process start to exit, by a bash script of the same steps and by `relaunch recover` (with no server: its temporary one; with a running `prefect server start`; with that server and a running `relaunch agent`), alternated in one run",
                 "p95_method": P95_METHOD,
                 "rounds": args.rounds,
                 "baseline": str(args.baseline) if args.baseline else None,

@@ -1,4 +1,4 @@
-"""`relaunch`: demo, diagnose, check, recover, stop, logs, fleet, rollback-venv."""
+"""`relaunch`: demo, diagnose, check, recover, stop, logs, fleet, rollback-venv, agent."""
 
 from __future__ import annotations
 
@@ -341,17 +341,125 @@ def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target Y
     print(f"restored {step.detail.restored_from}; the replaced venv is kept as {step.detail.rolled_back_to}")
 
 
-def main() -> None:
+agent_app = typer.Typer(
+    no_args_is_help=True,
+    help="A warm relaunch: a process with Prefect and the flows imported, which runs every relaunch command "
+    "you type (forked, with your environment, folder and terminal), so each starts in a fraction of a second "
+    "instead of 1-2 s. Yours alone (a private folder, your uid); code changed since it started is never run by it.",
+)
+app.add_typer(agent_app, name="agent")
+
+
+@agent_app.command("start")
+def agent_start(
+    idle_minutes: float = typer.Option(60.0, min=1.0, help="Stop after this many minutes without a command."),
+) -> None:
+    """Start an agent for relaunch's code as it is now (or say that one runs)."""
+    from relaunch import agent
+
+    try:
+        print(agent.start(idle_minutes * 60))
+    except agent.AgentError as exc:
+        print(f"relaunch: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+@agent_app.command("stop")
+def agent_stop() -> None:
+    """Stop your agents (each finishes the commands it runs first)."""
+    from relaunch import agent
+
+    try:
+        print(agent.stop())
+    except agent.AgentError as exc:
+        print(f"relaunch: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+@agent_app.command("status")
+def agent_status() -> None:
+    """Say which agents run; exit 0 when one serves the code as it is now, 1 otherwise."""
+    from relaunch import agent
+
+    text, current = agent.status()
+    print(text)
+    raise typer.Exit(0 if current else 1)
+
+
+def prepare_environment() -> None:
+    """relaunch's defaults for Prefect, set before Prefect reads its settings (in this process or an agent's child)."""
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # relaunch's own log lines (SSH connects, reconnects, host-key notes) go to the flow run's logs in the UI.
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "relaunch")
+
+
+def main() -> None:
+    prepare_environment()
     from relaunch.tempserver import runs_flow, start_for_cli
 
     # Before anything imports Prefect, and from the main thread: Prefect's own temporary server outlives a killed CLI.
     start_for_cli(sys.argv[1:])
     if runs_flow(sys.argv[1:]):
         _import_flows()
+    _run_app()
+
+
+def run_forked(argv: list[str]) -> None:
+    """The command ARGV in an agent's child (relaunch/agent.py), whose environment is now the caller's.
+
+    Prefect was imported by the agent, with the agent's settings: they are read again from this environment
+    (and its working folder's files), and its logging set up again onto this process's streams.
+    """
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import get_current_settings
+
+    from relaunch.tempserver import start_for_cli
+
+    sys.argv = argv
+    prepare_environment()
+    start_for_cli(argv[1:])
+    agents = get_current_settings().logging
+    refresh_global_settings_context()
+    _logging_onto_these_streams(same_settings=get_current_settings().logging == agents)
+    _run_app()
+
+
+def _logging_onto_these_streams(same_settings: bool) -> None:
+    """Prefect's log handlers write to this process's stderr; set up again only when the settings differ
+    (setup_logging parses its YAML and rebuilds every handler: 0.1 s)."""
+    import logging
+
+    from prefect.logging.configuration import setup_logging
+    from prefect.settings import PREFECT_LOGGING_EXTRA_LOGGERS
+
+    if same_settings:
+        streams = {1: sys.stdout, 2: sys.stderr}
+        loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+        for handler in {h for logger in loggers for h in logger.handlers}:
+            if isinstance(handler, logging.StreamHandler):  # a file's descriptor is never 1 or 2 here
+                try:
+                    fd = handler.stream.fileno()
+                except (AttributeError, OSError, ValueError):
+                    continue
+                if fd in streams:
+                    handler.setStream(streams[fd])
+        return
+    # setup_logging adds the extra loggers' handlers again; the agent's go first.
+    for name in PREFECT_LOGGING_EXTRA_LOGGERS.value():
+        logging.getLogger(name).handlers.clear()
+    setup_logging(incremental=False)
+
+
+def import_all_flows() -> None:
+    """What any command may need, for an agent to import once: every flow, and SSH (fabric, paramiko)."""
+    import importlib
+
+    for module in ("flows.check", "flows.recover", "flows.fleet", "fastapi.encoders", "relaunch.ssh", "demo.scenarios"):
+        importlib.import_module(module)
+
+
+def _run_app() -> None:
     try:
         app()
     except SystemExit as exc:

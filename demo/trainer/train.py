@@ -128,6 +128,8 @@ def main() -> None:
             print(f"first step in {now - started:.2f} s, {process_age_seconds():.2f} s after the process started", flush=True)
             if os.environ.get("DEMO_COMPILE_TIMES"):  # bench/warmup_efficacy.py: where the first step's time went
                 print(torch._dynamo.utils.compile_times(), flush=True)
+                counters = torch._dynamo.utils.counters
+                print({k: dict(counters[k]) for k in ("inductor", "aot_autograd") if counters[k]}, flush=True)
         print(f"step={step} loss={loss:.4f} acc={acc:.3f} lr={args.lr:.2e} | dft={1 / per_step:.2f}b/s ({tokens / 1000:.1f}Ktok/s) | q_hs={[stats.qsize()] * args.drafters}", flush=True)
         if args.lr_jump_at is not None and step == args.lr_jump_at:
             for o in opts:

@@ -9,10 +9,10 @@ mkdir -p "$state" || exit 12
 exec 9>>"$state/launch.lock"
 flock -w "${wait_s%.*}" 9 || { echo "another launch holds $state/launch.lock for over ${wait_s}s: refusing to start a second trainer"; exit 17; }
 wait_for_pid() {
-  local end; end=$(( $(date +%s) + ${wait_s%.*} ))
+  local end; end=$(( SECONDS + ${wait_s%.*} ))  # SECONDS: no `date` process per 10 ms look
   until [ -e "$1/pid" ] || [ -e "$1/exit_code" ]; do
-    [ "$(date +%s)" -ge "$end" ] && { echo "no PID recorded within ${wait_s}s"; exit 14; }
-    sleep 0.05
+    [ "$SECONDS" -ge "$end" ] && { echo "no PID recorded within ${wait_s}s"; exit 14; }
+    nap 0.01
   done
   cat "$1/pid" 2>/dev/null || echo "exited at once"
 }

@@ -32,8 +32,9 @@ for p in "${marked[@]}"; do kill -TERM "$p" 2>/dev/null; done
 tmux kill-session -t "=$session" 2>/dev/null && echo "killed tmux session $session"
 # Zombies count as gone: a reparented supervisor may wait seconds for init to reap it.
 gone() { for p in "${pids[@]}"; do starttime "$p" >/dev/null && return 1; done; return 0; }
-end=$(( $(date +%s) + ${timeout_s%.*} ))
-while ! gone && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
+# bash's SECONDS, not `date`: this waits in 10 ms naps, and a process per look would cost more than the nap.
+end=$(( SECONDS + ${timeout_s%.*} ))
+while ! gone && [ "$SECONDS" -lt "$end" ]; do nap 0.01; done
 if ! gone; then
   echo "still alive after ${timeout_s}s, sending SIGKILL"
   for g in "${groups[@]}"; do kill -KILL -- "-$g" 2>/dev/null; done
@@ -42,7 +43,7 @@ if ! gone; then
   gone || { echo "could not stop: ${pids[*]}"; exit 3; }
 fi
 if command -v nvidia-smi >/dev/null 2>&1 && [ ${#pids[@]} -gt 0 ]; then
-  while [ "$(date +%s)" -lt "$((end + 60))" ]; do
+  while [ "$SECONDS" -lt "$((end + 60))" ]; do
     held=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
     busy=0; for p in "${pids[@]}"; do grep -qx "$p" <<< "$held" && busy=1; done
     [ "$busy" = 0 ] && break; sleep 0.5
