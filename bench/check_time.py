@@ -5,7 +5,9 @@ The target is the demo's (demo/scenarios.py prepare, scenario healthy), launched
 from process start to exit, and must print `verdict: healthy` and exit 0. Two modes, alternated run by run:
 
 - `server`: PREFECT_API_URL set to a `prefect server start` this bench runs (its own PREFECT_HOME);
-- `temporary`: no server configured: relaunch starts its temporary server (Prefect's ephemeral default).
+- `temporary`: no server configured: relaunch starts its temporary server (Prefect's ephemeral default);
+- `agent`: as `server`, through a `relaunch agent start`ed once before the runs (relaunch/agent.py). Its CPU
+  column counts the client only: the command runs in the agent's child, not a child of this bench.
 
     .venv/bin/python bench/record.py check_time -- .venv/bin/python bench/check_time.py [--runs 20]
 
@@ -34,11 +36,11 @@ VENV_BIN = Path(sys.executable).parent
 os.environ["PATH"] = f"{VENV_BIN}:{os.environ['PATH']}"
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-from bench.overhead import prefect_server, wait_for  # noqa: E402
+from bench.overhead import agent_runtime, prefect_server, relaunch_agent, wait_for  # noqa: E402
 from bench.stats import P95_METHOD, machine, summary  # noqa: E402
 
 SESSION = "relaunch-bench-check-time"
-MODES = ("server", "temporary")
+MODES = ("server", "temporary", "agent")
 GOAL_SECONDS = 2.0
 
 
@@ -46,16 +48,18 @@ def log(message: str) -> None:
     print(f"[check_time] {message}", file=sys.stderr, flush=True)
 
 
-def plain_env(api_url: str | None) -> dict[str, str]:
+def plain_env(api_url: str | None, agent: bool = False) -> dict[str, str]:
     env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    # The bench's own agent folder; every mode but `agent` in-process, whatever agent a user runs.
+    env["XDG_RUNTIME_DIR"], env["RELAUNCH_AGENT"] = str(agent_runtime()), "on" if agent else "off"
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return env
 
 
-def one_check(target_file: Path, api_url: str | None, baseline: Path | None = None) -> tuple[float, float]:
+def one_check(target_file: Path, api_url: str | None, baseline: Path | None = None, agent: bool = False) -> tuple[float, float]:
     """Wall seconds, and CPU seconds of the CLI and everything it started and reaped (its temporary server too)."""
-    argv, env, cwd = [str(VENV_BIN / "relaunch"), "check", str(target_file)], plain_env(api_url), None
+    argv, env, cwd = [str(VENV_BIN / "relaunch"), "check", str(target_file)], plain_env(api_url, agent), None
     if baseline:
         # An older relaunch tree ahead of this checkout; `python -m` puts the working directory first on sys.path.
         argv[0:1] = [sys.executable, "-m", "relaunch.cli"]
@@ -105,11 +109,12 @@ def main() -> None:
         steps = target.thresholds.healthy_steps + 2
         wait_for(target, f"{steps} step lines", lambda s: sum(line.startswith("step=") for line in s.log_tail) >= steps)
         log("the demo trainer is stepping")
-        with prefect_server(tmp / "prefect-home") as api_url:
+        with prefect_server(tmp / "prefect-home") as api_url, relaunch_agent():
             for number in range(args.runs):
                 for mode in modes if number % 2 == 0 else modes[::-1]:
                     baseline = args.baseline if mode.endswith("-baseline") else None
-                    seconds, used = one_check(target_file, api_url if mode.startswith("server") else None, baseline)
+                    server = None if mode.startswith("temporary") else api_url
+                    seconds, used = one_check(target_file, server, baseline, agent=mode == "agent")
                     samples[mode].append(round(seconds, 3))
                     cpu[mode].append(round(used, 3))
                     log(f"run {number + 1}/{args.runs} {mode:<18} {seconds:5.2f} s, {used:5.2f} s CPU (load {os.getloadavg()[0]:.2f})")
@@ -119,7 +124,7 @@ def main() -> None:
         if args.workdir is None:
             shutil.rmtree(tmp, ignore_errors=True)
     result: dict[str, Any] = {
-        "what": "wall seconds of `relaunch check TARGET` from a plain shell on a healthy demo target, with a running `prefect server start` (PREFECT_API_URL) and without (relaunch's temporary server)",
+        "what": "wall seconds of `relaunch check TARGET` from a plain shell on a healthy demo target, with a running `prefect server start` (PREFECT_API_URL), without (relaunch's temporary server), and with that server through a running `relaunch agent`",
         "p95_method": P95_METHOD,
         "goal_seconds_with_server": GOAL_SECONDS,
         "machine_before": before,

@@ -36,15 +36,14 @@ CPU_THRESHOLDS = Thresholds(
     baseline_tokens_per_second=DEMO_BASELINE_TOKENS_PER_SECOND,
     degraded_ratio=0.15,
 )
-GPU_THRESHOLDS = Thresholds(
-    # Start-up on a GPU: the image's torch and CUDA load, then a cold flex_attention compile if the cache is cold.
-    startup_grace_seconds=300,
-    poll_interval_seconds=1,
-    settle_timeout_seconds=300,
-    healthy_steps=5,
-    stall_window_floor_seconds=30,
-    baseline_tokens_per_second=GPU_BASELINE_TOKENS_PER_SECOND,
-    degraded_ratio=0.5,
+# Start-up on a GPU: the image's torch and CUDA load, then a cold flex_attention compile if the cache is cold.
+GPU_THRESHOLDS = CPU_THRESHOLDS.model_copy(
+    update={
+        "startup_grace_seconds": 300.0,
+        "stall_window_floor_seconds": 30.0,
+        "baseline_tokens_per_second": GPU_BASELINE_TOKENS_PER_SECOND,
+        "degraded_ratio": 0.5,
+    }
 )
 # Kept in the trainer's and warm-up's environment too (the device machines' rule: no NVLink multicast).
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

@@ -36,6 +36,10 @@ OFF_VALUES = ("0", "off", "no", "false")
 DEFAULT_IDLE_MINUTES = 60.0
 # The code a command's exit status cannot be read from: the agent's process ended without one.
 LOST_EXIT_CODE = 3
+# A live agent forks within milliseconds; one that does not answer in this long is wedged (stopped, swapped out).
+ANSWER_TIMEOUT_SECONDS = 30.0
+# A client gets this long to send its whole request: the agent serves one request at a time while reading.
+REQUEST_TIMEOUT_SECONDS = 5.0
 
 
 def enabled(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
@@ -113,12 +117,22 @@ def delegate(argv: list[str]) -> int | None:
         conn.close()
         return None  # no agent for this code (never started, idled out, or started for older code)
     with conn:
+        conn.settimeout(ANSWER_TIMEOUT_SECONDS)
         try:
             _send_request(conn, argv)
             kind, pid = _read_code(conn)
+        except TimeoutError:
+            # Not "run in-process": a child may yet start for this request. Closing makes one that does stop.
+            print(
+                f"relaunch: the agent at {path} did not answer within {ANSWER_TIMEOUT_SECONDS:.0f} s; "
+                "run with RELAUNCH_AGENT=off, or `relaunch agent stop`",
+                file=sys.stderr,
+            )
+            return LOST_EXIT_CODE
         except (OSError, ConnectionError):
             # Closed with no PID sent: the child sends its PID before anything else, so none runs for us.
             return None
+        conn.settimeout(None)
         if kind != b"P":
             return None
         return _wait_for_child(conn, pid)
@@ -190,8 +204,10 @@ def serve(path: Path, idle_seconds: float, ready_fd: int = -1) -> int:
     from relaunch import cli
 
     cli.prepare_environment()
+    gc.disable()  # what imports allocate lives for good: collections during them free nothing (cli._import_flows)
     cli.import_all_flows()
     gc.freeze()
+    gc.enable()
     listener = _listen(path)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -220,11 +236,16 @@ def serve(path: Path, idle_seconds: float, ready_fd: int = -1) -> int:
                     _accept(listener, children, wake_r)
                 elif key.fileobj == wake_r:
                     os.read(wake_r, 4096)
+            if stopping["now"] and listener.fileno() >= 0:
+                # No new command while the running ones finish: a new client finds no socket and runs in-process.
+                sel.unregister(listener)
+                _unlink_if_ours(path, listener)
             _reap(children)
             if children:
                 last_active = time.monotonic()
     finally:
-        _unlink_if_ours(path, listener)
+        if listener.fileno() >= 0:
+            _unlink_if_ours(path, listener)
     _log("stopped")
     return 0
 
@@ -259,8 +280,10 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket], wake_r:
         _log(f"refused a connection from uid {uid}")
         conn.close()
         return
+    conn.settimeout(REQUEST_TIMEOUT_SECONDS)
     try:
         request, fds = _read_request(conn)
+        conn.settimeout(None)
     except EOFError:
         conn.close()
         return
@@ -272,6 +295,8 @@ def _accept(listener: socket.socket, children: dict[int, socket.socket], wake_r:
     if pid == 0:
         listener.close()
         os.close(wake_r)
+        for other in children.values():
+            other.close()  # another command's connection: its client must see it close when that command ends
         _child(conn, request, fds)  # never returns
     for fd in fds:
         os.close(fd)

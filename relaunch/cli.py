@@ -347,7 +347,7 @@ agent_app = typer.Typer(
     "you type (forked, with your environment, folder and terminal), so each starts in a fraction of a second "
     "instead of 1-2 s. Yours alone (a private folder, your uid); code changed since it started is never run by it.",
 )
-app.add_typer(agent_app, name="agent")
+app.add_typer(agent_app, name="agent", short_help="Keep Prefect loaded, so that every command starts at once (optional).")
 
 
 @agent_app.command("start")

@@ -242,3 +242,34 @@ def test_an_environment_that_is_not_utf8_is_carried_too(place):
     odd = typed(["diagnose", str(fixture)], {**env, "ODD": "caf\udce9"}, home)
     assert odd.returncode == 1 and "fx_tracing_race" in odd.stdout, odd.stdout + odd.stderr
     assert [c for _, c in children(runtime)] == ["diagnose"]
+
+
+def test_a_stopping_agent_takes_no_new_command_and_finishes_the_running_one(place, tmp_path):
+    home, runtime, env = place
+    folder = runtime / f"relaunch-agent-{os.getuid()}"
+    t = shell_target(tmp_path / "t", name="agent-drain")
+    write_target(t, home / "target.yaml")
+    try:
+        launch.fn(t, 1)
+        follow = subprocess.Popen(
+            [RELAUNCH, "logs", "-f", "-n", "1", "target.yaml"], env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert _read_line(follow).startswith("step=")
+        stopping = subprocess.Popen(
+            [RELAUNCH, "agent", "stop"], env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + 30
+        while list(folder.glob("*.sock")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the agent closes its socket at once when asked to stop; nothing to wait on but the file
+        assert not list(folder.glob("*.sock")), "the stopping agent still takes commands"
+        fixture = Path(__file__).parent / "fixtures" / "logs" / "demo" / "fx_race_cpu_multiple_tracers.log"
+        meanwhile = typed(["diagnose", str(fixture)], env, home)
+        assert meanwhile.returncode == 1 and "fx_tracing_race" in meanwhile.stdout
+        assert [c for _, c in children(runtime)] == ["logs"], "the new command ran in-process"
+        assert stopping.poll() is None, "the agent waits for the command it runs"
+        follow.send_signal(signal.SIGINT)
+        follow.communicate(timeout=30)
+        out, err = stopping.communicate(timeout=60)
+        assert stopping.returncode == 0 and "stopped relaunch agent(s)" in out, out + err
+    finally:
+        stop_all(t)
