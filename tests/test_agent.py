@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from relaunch import agent
+from relaunch.config import Target
 from tasks.launch import launch
 from tests.faults import write_target
 from tests.targets import shell_target, stop_all
@@ -126,6 +127,23 @@ def test_the_agents_child_takes_the_callers_prefect_settings_not_the_agents(plac
     assert [c for _, c in children(runtime)] == ["check"]
 
 
+def launched(tmp_path: Path, home: Path, name: str) -> Target:
+    """A stepping shell trainer, its target file in HOME as target.yaml."""
+    t = shell_target(tmp_path / "t", name=name)
+    write_target(t, home / "target.yaml")
+    launch.fn(t, 1)
+    return t
+
+
+def following(env: dict[str, str], home: Path) -> subprocess.Popen:
+    """`relaunch logs -f` through the agent, returned once its first line came: the child runs by then."""
+    proc = subprocess.Popen(
+        [RELAUNCH, "logs", "-f", "-n", "1", "target.yaml"], env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert _read_line(proc).startswith("step="), "the child writes onto the caller's stdout"
+    return proc
+
+
 def _read_line(proc: subprocess.Popen, timeout: float = 60) -> str:
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -149,14 +167,9 @@ def _gone(pid: int, timeout: float = 30) -> bool:
 
 def test_ctrl_c_reaches_the_command_and_a_killed_client_takes_its_command_down(place, tmp_path):
     home, runtime, env = place
-    t = shell_target(tmp_path / "t", name="agent-signals")
-    write_target(t, home / "target.yaml")
+    t = launched(tmp_path, home, "agent-signals")
     try:
-        launch.fn(t, 1)
-        follow = subprocess.Popen(
-            [RELAUNCH, "logs", "-f", "-n", "1", "target.yaml"], env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        assert _read_line(follow).startswith("step="), "the child writes onto the caller's stdout"
+        follow = following(env, home)
         ((child, command),) = children(runtime)
         assert command == "logs"
         follow.send_signal(signal.SIGINT)
@@ -164,10 +177,7 @@ def test_ctrl_c_reaches_the_command_and_a_killed_client_takes_its_command_down(p
         assert follow.returncode == 130 and "relaunch: interrupted" in err, (follow.returncode, err)
         assert _gone(child), "the child ended with the Ctrl-C"
 
-        killed = subprocess.Popen(
-            [RELAUNCH, "logs", "-f", "-n", "1", "target.yaml"], env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        assert _read_line(killed).startswith("step=")
+        killed = following(env, home)
         child = children(runtime)[-1][0]
         killed.kill()
         killed.wait(30)
@@ -247,14 +257,9 @@ def test_an_environment_that_is_not_utf8_is_carried_too(place):
 def test_a_stopping_agent_takes_no_new_command_and_finishes_the_running_one(place, tmp_path):
     home, runtime, env = place
     folder = runtime / f"relaunch-agent-{os.getuid()}"
-    t = shell_target(tmp_path / "t", name="agent-drain")
-    write_target(t, home / "target.yaml")
+    t = launched(tmp_path, home, "agent-drain")
     try:
-        launch.fn(t, 1)
-        follow = subprocess.Popen(
-            [RELAUNCH, "logs", "-f", "-n", "1", "target.yaml"], env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        assert _read_line(follow).startswith("step=")
+        follow = following(env, home)
         stopping = subprocess.Popen(
             [RELAUNCH, "agent", "stop"], env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
