@@ -48,7 +48,7 @@ test: lint
 serve: setup
 	scripts/serve.sh
 
-# CPU benchmarks, each kept in bench/results/NAME.json (bench/record.py); about 40 minutes on 2 cores.
+# CPU benchmarks, each kept in bench/results/NAME.json (bench/record.py); about an hour on 2 cores (overhead alone ~45 min: 4 contenders, 5 rounds, 2 cases).
 # The GPU side runs on the GPU machine, not here: bash bench/gpu_demo/run.sh OUT (see its header).
 bench: setup
 	$(PY) bench/record.py detection_latency -- $(PY) bench/detection_latency.py
