@@ -30,13 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-VENV_BIN = Path(sys.executable).parent
-os.environ["PATH"] = f"{VENV_BIN}:{os.environ['PATH']}"
-os.environ.setdefault("DO_NOT_TRACK", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository, for `bench.`
 
-from bench.overhead import agent_runtime, prefect_server, relaunch_agent, wait_for  # noqa: E402
+# bench.overhead also puts the venv's bin first on PATH and sets DO_NOT_TRACK, as this bench needs.
+from bench.overhead import VENV_BIN, agent_runtime, prefect_server, relaunch_agent, wait_for  # noqa: E402
 from bench.stats import P95_METHOD, machine, summary  # noqa: E402
 
 SESSION = "relaunch-bench-check-time"
