@@ -451,10 +451,12 @@ def answers(path: Path) -> bool:
 
 
 def _starttime(pid: int) -> str | None:
+    """PID's start time, None for no such process or a zombie (as lib.sh's starttime: PIDs are reused)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
         return None
+    return None if fields[0] == "Z" else fields[19]
 
 
 def start(idle_seconds: float) -> str:
@@ -546,17 +548,10 @@ def _wait_gone(pid: int, deadline: float) -> bool:
     except ProcessLookupError:
         return True
     try:
-        select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        return _starttime(pid) is None or _is_zombie(pid)
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        return bool(ready)  # a pidfd is readable exactly when its process has ended (a zombie too)
     finally:
         os.close(fd)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def status() -> tuple[str, bool]:

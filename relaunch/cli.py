@@ -355,22 +355,21 @@ def agent_start(
     idle_minutes: float = typer.Option(60.0, min=1.0, help="Stop after this many minutes without a command."),
 ) -> None:
     """Start an agent for relaunch's code as it is now (or say that one runs)."""
-    from relaunch import agent
-
-    try:
-        print(agent.start(idle_minutes * 60))
-    except agent.AgentError as exc:
-        print(f"relaunch: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+    _say_or_exit_1(lambda agent: agent.start(idle_minutes * 60))
 
 
 @agent_app.command("stop")
 def agent_stop() -> None:
     """Stop your agents (each finishes the commands it runs first)."""
+    _say_or_exit_1(lambda agent: agent.stop())
+
+
+def _say_or_exit_1(call: Callable[[Any], str]) -> None:
+    """Print what relaunch.agent's CALL says; its AgentError is one line on stderr and exit 1."""
     from relaunch import agent
 
     try:
-        print(agent.stop())
+        print(call(agent))
     except agent.AgentError as exc:
         print(f"relaunch: {exc}", file=sys.stderr)
         raise typer.Exit(1) from None

@@ -13,7 +13,9 @@ import sys
 def main() -> None:
     argv = sys.argv[1:]
     # `relaunch agent ...` manages agents, so it never runs in one; --help and --version need no Prefect at all.
-    if _command(argv) != "agent" and "--help" not in argv and "--version" not in argv:
+    from relaunch.tempserver import command_of  # standard library only, as this module
+
+    if command_of(argv) != "agent" and "--help" not in argv and "--version" not in argv:
         from relaunch.agent import delegate
 
         code = delegate(argv)
@@ -23,10 +25,6 @@ def main() -> None:
     from relaunch.cli import main as in_process
 
     in_process()
-
-
-def _command(argv: list[str]) -> str | None:
-    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 if __name__ == "__main__":
