@@ -179,7 +179,7 @@ BREAKERS: dict[str, Callable[[Target], None]] = {
 
 def _stop_previous(work: Path, name: str) -> None:
     """A demo folder from an earlier run may still have a trainer: stop it by its records first."""
-    state = work / "logs" / ".relaunch"
+    state = work / "state"
     if state.exists() or subprocess.run(["tmux", "has-session", "-t", f"={name}"], capture_output=True).returncode == 0:
         target = Target(
             name=name,
@@ -188,6 +188,7 @@ def _stop_previous(work: Path, name: str) -> None:
             lock_file="x",
             launch_command="true",
             log_dir=str(work / "logs"),
+            state_dir=str(state),
             tmux_session=name,
         )
         run(transport_for(target.host), plan_stop(target, 20), check=False)

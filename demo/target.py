@@ -107,6 +107,7 @@ def make_target(work: Path, name: str, wheels: Path, base: Path | None, device: 
         checkpoint_dir=str(work / "checkpoints"),
         tmux_session=name,
         log_dir=str(work / "logs"),
+        state_dir=str(work / "state"),
         min_free_disk_gb=1.0,
         max_attempts=3,
     )

@@ -9,16 +9,13 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.common import attempt_from, publish
-from flows.outcome import FINE, final_state, report_of, tag_flow_run, untagged_tasks
+from flows.outcome import final_state, report_of, tag_flow_run, untagged_tasks
 from flows.recover import checked, recover_training
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.playbook import remedy
 from relaunch.report import Report
 from relaunch.verdicts import Verdict
-
-# Verdicts worth a recovery. healthy / finished / starting are left alone.
-RECOVERABLE = frozenset({Verdict.CRASHED, Verdict.STALLED, Verdict.DEGRADED, Verdict.UNKNOWN})
 
 
 @flow(name="check-training", flow_run_name="check-{target.name}", log_prints=True, persist_result=True)
@@ -34,11 +31,11 @@ def check_training(target: Target, recover: bool = False) -> Report:
         health = checked(target, 1)
     action, why, _ = remedy(health.diagnosis)
     verdict = health.diagnosis.verdict
-    act = recover and verdict in RECOVERABLE
+    act = recover and verdict.needs_recovery()
     report.attempts.append(attempt_from(1, health, action, f"recovering through recover-training: {why}" if act else f"would do: {why}"))
     report.gpus = health.snapshot.gpus
     if not act:
-        report.finish(health.diagnosis.summary if verdict in FINE else f"{health.diagnosis.summary}; not asked to recover: {why}")
+        report.finish(health.diagnosis.summary if verdict.is_fine() else f"{health.diagnosis.summary}; not asked to recover: {why}")
         publish(report)
         return final_state(report)  # type: ignore[return-value]
     try:

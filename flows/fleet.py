@@ -21,9 +21,9 @@ from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
-from flows.check import RECOVERABLE, merge_recovery
+from flows.check import merge_recovery
 from flows.common import attempt_from
-from flows.outcome import FINE, report_of
+from flows.outcome import report_of
 from flows.recover import host_limit_name, recover_training
 from relaunch.config import Target
 from relaunch.playbook import remedy
@@ -65,7 +65,7 @@ def check_fleet(
     for i, (target, result) in enumerate(zip(targets, results)):
         rows[i], reports[i] = _row_and_report(target, result, recover)
 
-    sick = [i for i, row in rows.items() if recover and row.found in RECOVERABLE]
+    sick = [i for i, row in rows.items() if recover and row.found is not None and row.found.needs_recovery()]
     start = time.monotonic()
     if sick:
         by_host: dict[str, list[int]] = defaultdict(list)
@@ -85,9 +85,11 @@ def check_fleet(
     fleet.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
     log().info("%s", fleet.summary())
     _publish(fleet)
-    if all(r.verdict in FINE for r in fleet.rows):
+    if all(r.verdict is not None and r.verdict.is_fine() for r in fleet.rows):
         return fleet
-    sick = [f"{r.target}: {r.verdict.value if r.verdict else 'check failed'}" for r in fleet.rows if r.verdict not in FINE]
+    sick = [
+        f"{r.target}: {r.verdict.value if r.verdict else 'check failed'}" for r in fleet.rows if not (r.verdict and r.verdict.is_fine())
+    ]
     return Failed(message=f"{len(sick)} of {fleet.targets} targets not healthy: {', '.join(sick)}"[:480], data=fleet)  # type: ignore[return-value]
 
 
@@ -122,7 +124,7 @@ def _row_and_report(target: Target, result: HealthResult | BaseException, recove
         return FleetRow(target=target.name, host=target.host.label, message=message), report
     d = result.diagnosis
     action, why, _ = remedy(d)
-    acting = recover and d.verdict in RECOVERABLE
+    acting = recover and d.verdict.needs_recovery()
     report.attempts.append(attempt_from(1, result, action, f"recovering through recover-training: {why}" if acting else f"would do: {why}"))
     report.gpus = result.snapshot.gpus
     report.finish(d.summary)

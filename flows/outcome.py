@@ -19,12 +19,10 @@ from relaunch.report import Report
 from relaunch.verdicts import Verdict
 from tasks.common import log
 
-# The verdicts a nightly check may end on without a person being told.
-FINE = frozenset({Verdict.HEALTHY, Verdict.STARTING, Verdict.FINISHED})
-
 
 def is_fine(report: Report) -> bool:
-    return report.verdict in FINE
+    """The verdict a nightly check may end on without a person being told (Verdict.is_fine)."""
+    return report.verdict is not None and report.verdict.is_fine()
 
 
 def one_line(report: Report) -> str:

@@ -29,7 +29,6 @@ app = typer.Typer(
     help="Bring a dead or sick training run back to health, and say why it died.\n\n" + EXIT_CODES,
 )
 DEBUG = {"on": False}
-FINE_VERDICTS = ("healthy", "starting", "finished")
 
 
 def _version(value: bool) -> None:
@@ -92,7 +91,7 @@ def _print_report(report: Any, as_json: bool) -> None:
 
 
 def _exit_for(report: Any) -> None:
-    raise typer.Exit(0 if report.verdict is not None and report.verdict.value in FINE_VERDICTS else 1)
+    raise typer.Exit(0 if report.verdict is not None and report.verdict.is_fine() else 1)
 
 
 def _run_flow(flow: Callable[..., Any], **parameters: Any) -> Any:
@@ -224,7 +223,7 @@ def diagnose(
         print(f"verdict: {d.verdict.value}" + (f" ({d.cause.value})" if d.cause else "") + f": {d.summary}")
         for line in d.evidence:
             print(f"  | {line}")
-    raise typer.Exit(0 if d.verdict.value in FINE_VERDICTS else 1)
+    raise typer.Exit(0 if d.verdict.is_fine() else 1)
 
 
 @app.command()
@@ -328,7 +327,7 @@ def fleet(
                 f"{row.target:<24} {row.host:<32} {(row.verdict.value if row.verdict else 'error'):<10} {'recovered' if row.recovered else '':<9} {row.message}"
             )
         print(result.summary())
-    raise typer.Exit(0 if all(r.verdict is not None and r.verdict.value in FINE_VERDICTS for r in result.rows) else 1)
+    raise typer.Exit(0 if all(r.verdict is not None and r.verdict.is_fine() for r in result.rows) else 1)
 
 
 @app.command("rollback-venv")

@@ -22,6 +22,9 @@ from relaunch.paths import (
 
 # A target file is a few KiB; a bound keeps a hostile one from exhausting the parser.
 MAX_TARGET_FILE_BYTES = 1 << 20
+# One folder per target, outside log_dir; /var/tmp survives a reboot, so a deliberate stop is still known after one.
+DEFAULT_STATE_ROOT = "/var/tmp/relaunch"
+DEFAULT_CACHE_PREFIX = "/tmp/torchinductor_relaunch_"
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -190,12 +193,20 @@ class Target(_Model):
         "which the lock then leaves out; the rebuild records their versions.",
     )
     import_check: list[str] = Field(default_factory=list, description="Modules that must import in the fresh venv.")
-    inductor_cache_dir: str = Field("/tmp/torchinductor_root", description="TORCHINDUCTOR_CACHE_DIR for warm-up and trainer.")
+    inductor_cache_dir: str = Field(
+        "",
+        description="TORCHINDUCTOR_CACHE_DIR for warm-up and trainer; default /tmp/torchinductor_relaunch_<name>, the target's own "
+        "(torch's default for root, /tmp/torchinductor_root, is shared by every root job on the host).",
+    )
     warmup_command: str | None = Field(
         None, description="Shell command (run in repo_dir with the venv active) that compiles every kernel once, single-threaded."
     )
     launch_command: str = Field(description="Shell command that starts the trainer, run in repo_dir with the venv active.")
-    tmux_session: str = Field("train", pattern=r"^[A-Za-z0-9_.-]+$", description="tmux session the trainer runs in.")
+    tmux_session: str = Field(
+        "train",
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="tmux session the trainer runs in. No `.` or `:`: tmux reads `x.0` as session x, pane 0, another session's.",
+    )
     log_dir: str = Field(description="Folder for per-attempt logs; logs are never deleted.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment for warm-up and trainer.")
     checkpoint_dir: str | None = Field(None, description="Folder of checkpoints (one sub-folder or file each); never modified.")
@@ -203,12 +214,32 @@ class Target(_Model):
         "--resume {checkpoint}", description="Appended to launch_command when a checkpoint exists; {checkpoint} is its path."
     )
     state_dir: str | None = Field(
-        None, description="relaunch's own files on the host (launcher, PIDs, exit codes, patches); default <log_dir>/.relaunch."
+        None,
+        description="relaunch's own files on the host (launcher, PIDs, exit codes, patches), one folder per target; "
+        "default /var/tmp/relaunch/<name>: outside log_dir, so a full or archived log folder loses no record.",
+    )
+    stop_grace_seconds: float = Field(
+        60.0, gt=0, description="After its one SIGTERM, a stopping trainer has this long to save and exit before SIGKILL."
+    )
+    resume_from: Literal["entry", "folder"] = Field(
+        "entry",
+        description="What {checkpoint} names: the chosen checkpoint itself (`entry`), or checkpoint_dir (`folder`) for loaders "
+        "that take the parent folder and read its tracker (Megatron's --load, DeepSpeed).",
+    )
+    unbuffered: bool = Field(
+        True, description="Give the trainer PYTHONUNBUFFERED=1 (unless env sets it), so step lines reach the log as printed."
     )
     min_free_disk_gb: float = Field(5.0, ge=0, description="Preflight refuses to start with less free disk at venv_dir.")
     max_attempts: int = Field(3, ge=1, le=20, description="Recovery attempts before giving up.")
     keep_old_venvs: int = Field(2, ge=1, description="Old venvs kept aside; older ones are the only thing relaunch ever removes.")
     thresholds: Thresholds = Field(default_factory=Thresholds, description="Health thresholds.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_cache_by_default(cls, data: object) -> object:
+        if isinstance(data, dict) and not data.get("inductor_cache_dir") and isinstance(data.get("name"), str):
+            data = {**data, "inductor_cache_dir": f"{DEFAULT_CACHE_PREFIX}{data['name']}"}
+        return data
 
     @field_validator("repo_dir", "venv_dir", "log_dir", "inductor_cache_dir", "checkpoint_dir", "state_dir")
     @classmethod
@@ -272,7 +303,12 @@ class Target(_Model):
 
     @property
     def state_path(self) -> str:
-        return self.state_dir or f"{self.log_dir}/.relaunch"
+        return self.state_dir or f"{DEFAULT_STATE_ROOT}/{self.name}"
+
+    @property
+    def legacy_state_path(self) -> str:
+        """Where relaunch before 0.2 kept this target's records: its marked processes still count as this target's."""
+        return f"{self.log_dir}/.relaunch"
 
     @property
     def lock_path(self) -> str:

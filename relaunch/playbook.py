@@ -45,6 +45,13 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], Remedy] = {
     (Verdict.HEALTHY, None): Remedy(Action.NONE, "running well: change nothing"),
     (Verdict.FINISHED, None): Remedy(Action.NONE, "training ran to its end: nothing to recover"),
     (Verdict.STARTING, None): Remedy(Action.NONE, "still starting: wait"),
+    (Verdict.STOPPED, None): Remedy(
+        Action.NONE, "stopped on purpose with `relaunch stop`: left stopped until `relaunch recover` starts it"
+    ),
+    (Verdict.UNMANAGED, None): Remedy(
+        Action.ESCALATE,
+        "the target's session holds what relaunch did not start and cannot judge as a training run: nothing is stopped; a person must look",
+    ),
     (Verdict.UNKNOWN, None): Remedy(Action.FULL_RECOVERY, "no trainer on record: run the full procedure and launch"),
     (Verdict.DEGRADED, None): Remedy(
         Action.REWARM_AND_RELAUNCH,

@@ -49,6 +49,27 @@ class HealthSnapshot(BaseModel):
     disks: list[DiskFree] = Field(default_factory=list, description="Free space where logs, checkpoints and shared memory live.")
     checkpoint: str | None = Field(None, description="The checkpoint this attempt was launched with, from its run record.")
     log_mtime_epoch: float | None = Field(None, description="When the log was last written, host clock, seconds since the epoch.")
+    stopped_at: float | None = Field(
+        None, description="`relaunch stop` stopped this target on purpose at this host time (STATE/stopped); cleared by a recovery."
+    )
+    adopted: bool = Field(
+        False, description="The current run was started by hand and adopted (its record says so), not launched by relaunch."
+    )
+    tree_pids: list[int] = Field(
+        default_factory=list,
+        description="Every PID seen in the current run's process tree by this or earlier polls (RUN/tree): kernel lines about others are not its.",
+    )
+    checkpoint_mtime_epoch: float | None = Field(
+        None, description="Newest modification time of anything in checkpoint_dir (host clock): a save in progress is progress."
+    )
+    foreign: list[str] = Field(
+        default_factory=list,
+        description="`PID COMMAND` of each top process in the target's tmux session that is not the current run's "
+        "(a run started or restarted by hand, a program that is not a trainer).",
+    )
+    foreign_log: str | None = Field(
+        None, description="The log that foreign run writes (a `tee` argument, or its stdout), where one was found."
+    )
     unfinished_steps: list[str] = Field(
         default_factory=list, description="Steps a killed recovery left half done (their markers are still on the host)."
     )

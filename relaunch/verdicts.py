@@ -15,6 +15,22 @@ class Verdict(str, Enum):
     CRASHED = "crashed"  # the trainer is gone with a non-zero, unknown or missing exit code
     FINISHED = "finished"  # the trainer exited 0: training ran to its end; never relaunched
     UNKNOWN = "unknown"  # no launch on record and no session: nothing to judge
+    STOPPED = "stopped"  # stopped on purpose (`relaunch stop`) and nothing runs: left stopped until `relaunch recover`
+    UNMANAGED = (
+        "unmanaged"  # the session holds what relaunch will not judge or touch (not a training run, a second trainer): a person must look
+    )
+
+    def is_fine(self) -> bool:
+        """A check may end on this verdict without a person being told (the flow run ends Completed)."""
+        return self in _FINE
+
+    def needs_recovery(self) -> bool:
+        """`check --recover` hands the run to recover-training; every other verdict leaves the host as it is."""
+        return self in _NEEDS_RECOVERY
+
+
+_FINE = frozenset({Verdict.HEALTHY, Verdict.STARTING, Verdict.FINISHED, Verdict.STOPPED})
+_NEEDS_RECOVERY = frozenset({Verdict.CRASHED, Verdict.STALLED, Verdict.DEGRADED, Verdict.DIVERGED, Verdict.UNKNOWN})
 
 
 class Cause(str, Enum):
@@ -33,6 +49,8 @@ class Cause(str, Enum):
     BROKEN_CHECKPOINT = "broken_checkpoint"  # died loading the checkpoint it was given (truncated archive, unpickling)
     SILENT_EXIT = "silent_exit"  # gone with no exit code, no traceback, no kernel line
     ERROR = "error"  # any other exception; the exception line says which
+    NOT_A_TRAINER = "not_a_trainer"  # the target's session holds a program that is not a training run (no log it writes)
+    TWO_TRAINERS = "two_trainers"  # relaunch's trainer lives outside the session while another run holds the session
 
 
 # Log signatures, each a regex over one line. The earliest matching line in the log decides:

@@ -38,7 +38,7 @@ export PREFECT_API_URL="http://$HOST:$PORT/api"
 PREPARE=${RELAUNCH_SERVE_PREPARE:-1}
 KEEP_TRAINER=${RELAUNCH_SERVE_KEEP_TRAINER:-0}
 mkdir -p "$PREFECT_HOME/logs" "$(dirname "$RELAUNCH_DEMO_DIR")"
-LOGS="$PREFECT_HOME/logs" STATE="$RELAUNCH_DEMO_DIR/logs/.relaunch" WORKER_NAME="make-serve-$$-$EPOCHSECONDS"
+LOGS="$PREFECT_HOME/logs" STATE="$RELAUNCH_DEMO_DIR/state" WORKER_NAME="make-serve-$$-$EPOCHSECONDS"
 SERVE_PID="$PREFECT_HOME/serve.pid" WORKER_PID="$PREFECT_HOME/serve-worker.pid" SERVER_PID="$PREFECT_HOME/server.pid"
 TTY_OWNER=${1:-} server_pid="" worker_pid="" helper="" hurry="" trainer_left="" last_signal=0
 tty=$({ : </dev/tty; } 2>/dev/null && echo 1 || true)

@@ -53,6 +53,7 @@ def shell_target(tmp_path: Path, name: str = "t", **overrides) -> Target:
         resume_arg="{checkpoint}",
         tmux_session=f"relaunch-test-{name}-{uuid.uuid4().hex[:8]}",
         log_dir=str(tmp_path / "logs"),
+        state_dir=str(tmp_path / "state"),
         min_free_disk_gb=0.1,
         thresholds=Thresholds(
             startup_grace_seconds=30, poll_interval_seconds=0.5, settle_timeout_seconds=30, healthy_steps=3, stall_window_floor_seconds=3

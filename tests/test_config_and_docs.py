@@ -30,9 +30,9 @@ def write(tmp_path, data) -> Path:
 
 def test_a_minimal_target_file_loads_with_defaults_from_the_field_notes(tmp_path):
     target = load_target(write(tmp_path, GOOD))
-    assert target.inductor_cache_dir == "/tmp/torchinductor_root"
+    assert target.inductor_cache_dir == f"/tmp/torchinductor_relaunch_{target.name}", "the target's own cache, not root's shared one"
     assert target.thresholds.startup_grace_seconds >= 420, "the incident's start-up took well over 7 minutes"
-    assert target.state_path == "/workspace/logs/.relaunch"
+    assert target.state_path == f"/var/tmp/relaunch/{target.name}", "state per target, outside log_dir"
 
 
 @pytest.mark.parametrize(
