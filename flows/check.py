@@ -15,7 +15,6 @@ from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.playbook import remedy
 from relaunch.report import Report
-from relaunch.verdicts import Verdict
 
 
 @flow(name="check-training", flow_run_name="check-{target.name}", log_prints=True, persist_result=True)

@@ -16,7 +16,6 @@ from prefect.states import Failed
 
 from relaunch.config import Target
 from relaunch.report import Report
-from relaunch.verdicts import Verdict
 from tasks.common import log
 
 
