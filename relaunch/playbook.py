@@ -138,6 +138,12 @@ def choose_action(
 ) -> tuple[Action, str]:
     """The next action, or ESCALATE when the same failure repeats with no progress or the budget is spent."""
     action, why, once_only = remedy(diagnosis)
+    if diagnosis.verdict is Verdict.STOPPED and not earlier:
+        # recover-training meets a deliberately stopped target only when a person asks for it: `check --recover`
+        # and the fleet check never hand a stopped run over (Verdict.needs_recovery), so this is that person's word.
+        return redo_unfinished(
+            Action.RELAUNCH, "stopped on purpose, and a recovery was asked for: relaunch from the newest checkpoint", unfinished or []
+        )
     if force and action is Action.NONE and diagnosis.verdict is not Verdict.STARTING:
         return Action.FULL_RECOVERY, "forced: run the full procedure even though the run looks fine"
     if action is Action.NONE:

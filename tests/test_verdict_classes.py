@@ -1,0 +1,35 @@
+"""The Verdict enum owns which verdicts are fine and which need a recovery; the playbook and flows read only that."""
+
+from __future__ import annotations
+
+import pytest
+
+from relaunch.diagnosis import Diagnosis
+from relaunch.playbook import Action, choose_action, remedy
+from relaunch.verdicts import Cause, Verdict
+
+
+@pytest.mark.parametrize("verdict", list(Verdict))
+def test_no_verdict_is_both_fine_and_in_need_of_recovery(verdict):
+    assert not (verdict.is_fine() and verdict.needs_recovery())
+
+
+def test_a_run_that_is_stopped_on_purpose_is_fine_and_never_recovered_by_a_check():
+    assert Verdict.STOPPED.is_fine() and not Verdict.STOPPED.needs_recovery()
+    assert remedy(Diagnosis(verdict=Verdict.STOPPED)).action is Action.NONE
+
+
+def test_what_relaunch_will_not_judge_is_neither_fine_nor_recovered_and_escalates():
+    for cause in (Cause.NOT_A_TRAINER, Cause.TWO_TRAINERS, None):
+        d = Diagnosis(verdict=Verdict.UNMANAGED, cause=cause)
+        assert not d.verdict.is_fine() and not d.verdict.needs_recovery()
+        assert choose_action(d, [], 3)[0] is Action.ESCALATE
+
+
+def test_a_diverged_run_is_recovered_by_the_nightly_check_as_its_help_says():
+    assert Verdict.DIVERGED.needs_recovery()
+
+
+def test_a_recovery_asked_for_a_stopped_target_relaunches_it():
+    action, why = choose_action(Diagnosis(verdict=Verdict.STOPPED), [], 3)
+    assert action is Action.RELAUNCH and "asked" in why
