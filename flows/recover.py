@@ -22,12 +22,12 @@ from tasks.capture_stacks import capture_stacks
 from tasks.common import log
 from tasks.health import HealthResult, check_health
 from tasks.install_package import install_package
-from tasks.launch import launch
+from tasks.launch import check_resumable, launch
 from tasks.leftovers import stop_leftovers
 from tasks.lock import target_lock
 from tasks.preflight import preflight
-from tasks.rebuild_venv import rebuild_venv
-from tasks.restore_code import restore_code
+from tasks.rebuild_venv import build_venv, rebuild_venv
+from tasks.restore_code import check_restorable, restore_code
 from tasks.stop import stop
 from tasks.warm_cache import warm_cache
 
@@ -36,8 +36,18 @@ def run_steps(target: Target, action: Action, health: HealthResult, attempt: int
     steps, run_id = [], None
     # Names fixed here, not in the steps: a step retried after a dropped connection finds what its first try made.
     stamp = utc_stamp()
-    for step in steps_for(action, health.snapshot.unfinished_steps):
+    planned = steps_for(action, health.snapshot.unfinished_steps)
+    for step in planned:
         if step is Step.STOP:
+            # Asked before the run is stopped: a repo mid-rebase or mid-merge, or a checkpoint folder the launch would
+            # refuse, fails the recovery while the run goes on.
+            if Step.RESTORE_CODE in planned:
+                check_restorable(target)
+            if Step.LAUNCH in planned:
+                check_resumable(target, resume_constraints(health.diagnosis)[0])
+        if step is Step.BUILD_VENV:
+            record = build_venv(target, stamp=stamp)
+        elif step is Step.STOP:
             record = stop(target)
         elif step is Step.REBUILD_VENV:
             record = rebuild_venv(target, stamp=stamp)

@@ -1,4 +1,4 @@
-"""`relaunch`: demo, diagnose, check, recover, stop, logs, fleet, rollback-venv, agent."""
+"""`relaunch`: demo, diagnose, check, recover, stop, adopt, logs, fleet, rollback-venv, agent."""
 
 from __future__ import annotations
 
@@ -157,11 +157,11 @@ def _write_target(target: Any, path: Path) -> Path:
     return path
 
 
-def _stop(target: Any, timeout_seconds: int = 60) -> Any:
+def _stop(target: Any, grace_seconds: float | None = None, deliberate: bool = False) -> Any:
     from relaunch.transport import run, transport_for
     from tasks.stop import plan_stop
 
-    return run(transport_for(target.host), plan_stop(target, timeout_seconds), check=False)
+    return run(transport_for(target.host), plan_stop(target, grace_seconds, deliberate=deliberate), check=False)
 
 
 @app.command()
@@ -234,7 +234,7 @@ def check(
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Check a target's health; change nothing unless --recover."""
+    """Check a target's health; signal, stop or start nothing unless --recover (a run started by hand is adopted: recorded, not touched)."""
     from flows.check import check_training
 
     with _errors():
@@ -268,19 +268,49 @@ def recover(
 @app.command()
 def stop(
     target_file: Path = typer.Argument(..., help="Target YAML."),
-    timeout_seconds: int = typer.Option(60, help="Wait this long for the trainer to exit before SIGKILL."),
+    grace_seconds: Optional[float] = typer.Option(
+        None,
+        "--grace-seconds",
+        "--timeout-seconds",
+        help="After its one SIGTERM, give the trainer this long to save and exit before SIGKILL (default: the target's stop_grace_seconds).",
+    ),
 ) -> None:
-    """Stop the trainer by its records (PID, process group, exact tmux session) and wait for its GPU memory to be released."""
+    """Stop what relaunch started or adopted (recorded PIDs, the run's marker, its own tmux pane), on purpose: checks
+    leave the target stopped until `relaunch recover`. Waits for its GPU memory to be released."""
     with _errors():
         target = load_target(target_file)
-        result = _stop(target, timeout_seconds)
+        result = _stop(target, grace_seconds, deliberate=True)
     print(result.stdout.strip() or "nothing to stop")
     if result.exit_code != 0:
         print(
-            f"relaunch: the stop on {target.host.label} exited {result.exit_code}: {result.tail}\n  what to do: stop it by hand (tmux kill-session -t ={target.tmux_session}; kill its PID)",
+            f"relaunch: the stop ({target.state_path}) on {target.host.label} exited {result.exit_code}: {result.tail}\n"
+            "  what to do: look at the processes it names (ps -o pid,stat,wchan,cmd -p PID), end them by hand, and stop again",
             file=sys.stderr,
         )
         raise typer.Exit(1)
+
+
+@app.command()
+def adopt(
+    target_file: Path = typer.Argument(..., help="Target YAML."),
+    log: Optional[str] = typer.Option(
+        None, "--log", help="The file the run writes its log to, on the host (default: found from the pane's tee or standard output)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print what was recorded as JSON."),
+) -> None:
+    """Record a run started by hand in the target's tmux session as the current run; nothing is signalled.
+
+    Later checks judge it by the same rules as relaunch's own runs; stops and recoveries treat it as theirs."""
+    from tasks.adopt import adopt_run
+
+    with _errors():
+        adoption = adopt_run(load_target(target_file), log)
+    if as_json:
+        print(json.dumps(adoption.model_dump(mode="json"), indent=2))
+    else:
+        print(
+            f"adopted pid {adoption.pid} ({adoption.command}) as run {adoption.run_id}; log {adoption.log_path} (found by {adoption.how})"
+        )
 
 
 @app.command()
@@ -390,6 +420,10 @@ def prepare_environment() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # relaunch's own log lines (SSH connects, reconnects, host-key notes) go to the flow run's logs in the UI.
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "relaunch")
+    from relaunch.tempserver import api_client_defaults
+
+    # A per-request timeout shorter than Prefect's 60 s, unless the user set one (relaunch/tempserver.py, "Bounded waits").
+    api_client_defaults()
 
 
 def main() -> None:
@@ -397,10 +431,22 @@ def main() -> None:
     from relaunch.tempserver import runs_flow, start_for_cli
 
     # Before anything imports Prefect, and from the main thread: Prefect's own temporary server outlives a killed CLI.
-    start_for_cli(sys.argv[1:])
+    server = start_for_cli(sys.argv[1:])
     if runs_flow(sys.argv[1:]):
         _import_flows()
+        if server is None:
+            _exit_if_api_unanswered()
     _run_app()
+
+
+def _exit_if_api_unanswered() -> None:
+    """Before any flow runs (so before any host action): a configured API that never answers ends the command, exit 3."""
+    from relaunch.tempserver import unanswered_api
+
+    problem = unanswered_api()
+    if problem:
+        print(problem, file=sys.stderr)
+        _exit_now(3)
 
 
 def run_forked(argv: list[str]) -> None:
@@ -412,14 +458,16 @@ def run_forked(argv: list[str]) -> None:
     from prefect.context import refresh_global_settings_context
     from prefect.settings import get_current_settings
 
-    from relaunch.tempserver import start_for_cli
+    from relaunch.tempserver import runs_flow, start_for_cli
 
     sys.argv = argv
     prepare_environment()
-    start_for_cli(argv[1:])
+    server = start_for_cli(argv[1:])
     agents = get_current_settings().logging
     refresh_global_settings_context()
     _logging_onto_these_streams(same_settings=get_current_settings().logging == agents)
+    if server is None and runs_flow(argv[1:]):
+        _exit_if_api_unanswered()
     _run_app()
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
 from relaunch.config import Thresholds
-from relaunch.hardware import disk_full_evidence, gpu_fault_evidence
+from relaunch.hardware import disk_full_evidence, full_disk_evidence, gpu_fault_evidence
 from relaunch.snapshot import HealthSnapshot
 from relaunch.torchrun import RankFailure, collective_timeouts, root_cause
 from relaunch.verdicts import (
@@ -19,16 +21,35 @@ from relaunch.verdicts import (
     KERNEL_OOM,
     MODULE_TO_PACKAGE,
     NATIVE_SIGNALS,
+    NOT_A_TRAINING_STEP,
+    NOT_TRAINING_PROGRESS,
     SIGNAL_NAMES,
     SIGNATURES,
     SLOWDOWN_WARNINGS,
+    TQDM_PROGRESS,
     WRAPPER_EXCEPTIONS,
     Cause,
     Verdict,
 )
 
-DEFAULT_THROUGHPUT = re.compile(r"(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[kKmM])?\s*(?:tok(?:en)?s?)\s*/\s*s(?:ec)?\b", re.IGNORECASE)
+DEFAULT_THROUGHPUT = re.compile(
+    # `21.3Ktok/s`, `21500 tok/s`, `1.5M tokens/s`, `900 tok/sec`; or a key first: `tokens_per_sec: 2660`, `tok/s=21300`.
+    r"(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[kKmM])?\s*(?:tok(?:en)?s?)\s*/\s*s(?:ec)?\b"
+    r"|(?<![A-Za-z])(?:tok(?:en)?s?)(?:[ _]?per[ _]?|\s*/\s*)s(?:ec(?:ond)?)?(?P<keyscope>(?:[ _/-](?:per[ _-]?)?(?:gpu|device|dev|rank))?)['\"]?\s*[=:]\s*(?P<value2>\d+(?:\.\d+)?)(?P<unit2>[kKmM](?![A-Za-z]))?",
+    re.IGNORECASE,
+)
 UNIT = {"k": 1e3, "m": 1e6}
+# Words beside a throughput figure that say whose it is: one GPU's (`2660 tok/s/gpu`, `tokens/s per device`,
+# `per_gpu_tok/s`) or the whole job's (`21.3Ktok/s total`, `total tok/s`, `global throughput: ...`).
+PER_DEVICE_AFTER = re.compile(
+    r"^\s*(?:/|_|-|\s)\s*(?:per[\s_-]?)?(?:gpu|device|dev|rank|card|chip)s?\b|^[\s_]*\(?per[\s_-]?(?:gpu|device|rank)", re.I
+)
+PER_DEVICE_BEFORE = re.compile(r"(?:\bper[\s_-]?(?:gpu|device|dev|rank)|\b(?:gpu|device|rank)\s*\d*)[\s_:=-]*\w*[\s_:=-]*$", re.I)
+TOTAL_AFTER = re.compile(r"^\s*[(\[]?\s*(?:total|global|overall|aggregate|all[\s_-]gpus|cluster)\b", re.I)
+TOTAL_BEFORE = re.compile(r"\b(?:total|global|overall|aggregate|cluster|all[\s_-]gpus)\b[^|,;]*$", re.I)
+# What the default step pattern is: tqdm's progress counts as steps only under it (a pattern a user gave says
+# exactly which lines are steps).
+DEFAULT_STEP_PATTERN = Thresholds.model_fields["step_pattern"].default
 
 
 class Metrics(BaseModel):
@@ -70,6 +91,7 @@ class Progress:
     gpu_rose_at: float | None = None
     gpu_busy_at: float | None = None
     gpu_all_zero_polls: int = 0
+    checkpoint_written_at: float | None = None  # seconds since launch of the newest write into checkpoint_dir seen
     polls: int = 0
 
 
@@ -81,22 +103,75 @@ class Reading:
 
 
 def read_log(lines: list[str], thresholds: Thresholds) -> Reading:
-    step_re = re.compile(thresholds.step_pattern)
+    step_of = step_reader(thresholds)
     tput_re = re.compile(thresholds.throughput_pattern) if thresholds.throughput_pattern else DEFAULT_THROUGHPUT
     loss_re = re.compile(thresholds.loss_pattern, re.IGNORECASE) if thresholds.loss_pattern else DEFAULT_LOSS
-    steps, tputs, losses = [], [], []
+    steps: list[int] = []
+    tputs: list[float] = []
+    losses: list[float | None] = []
     for line in lines:
-        m = step_re.search(line)
-        if not m:
+        found = step_of(line)
+        if found is None:
             continue
-        steps.append(int(m.group("step")))
+        step, redraw = found
+        if redraw and steps and steps[-1] == step:
+            continue  # tqdm redrew the same count (a postfix update, its closing draw): no new step
+        steps.append(step)
         loss = loss_re.search(line)
         losses.append(_float_or_none(loss.group("value")) if loss else None)
-        t = tput_re.search(line)
-        if t:
-            unit = (t.groupdict().get("unit") or "").lower()
-            tputs.append(float(t.group("value")) * UNIT.get(unit, 1.0))
+        tput = throughput(line, tput_re)
+        if tput is not None:
+            tputs.append(tput)
     return Reading(steps, tputs, losses)
+
+
+def step_reader(thresholds: Thresholds) -> Callable[[str], tuple[int, bool] | None]:
+    """A function from a log line to (its training step, whether it is a tqdm redraw), or None for no step line.
+
+    A resume, checkpoint load or save line is never a training step, whatever the pattern (NOT_A_TRAINING_STEP).
+    Under the default pattern a tqdm bar's count is a step too, unless the bar is loading or evaluating."""
+    step_re = re.compile(thresholds.step_pattern)
+    tqdm = thresholds.step_pattern == DEFAULT_STEP_PATTERN
+
+    def step_of(line: str) -> tuple[int, bool] | None:
+        if NOT_A_TRAINING_STEP.search(line):
+            return None
+        bar = TQDM_PROGRESS.search(line) if tqdm and "[" in line else None
+        if bar:
+            n = int(bar["n"] or bar["n2"])
+            # 0 done is the bar drawn before the first iteration (which may compile for minutes): no step yet.
+            if n == 0 or NOT_TRAINING_PROGRESS.search(line[: bar.start()]):  # the bar's description
+                return None
+            return n, True
+        m = step_re.search(line)
+        return (int(m.group("step")), False) if m else None
+
+    return step_of
+
+
+def throughput(line: str, pattern: re.Pattern[str]) -> float | None:
+    """Tokens per second on one line: the whole job's figure over one GPU's (`2660 tok/s/gpu | 21.3Ktok/s total`
+    reads 21300), a figure of no stated scope over a per-GPU one, the first of its kind otherwise. A line with
+    per-GPU figures only reads the per-GPU one, as the baseline set from the same printout does."""
+    best: tuple[int, float] | None = None  # (rank: 0 total, 1 unscoped, 2 per device; value)
+    for m in pattern.finditer(line):
+        groups = m.groupdict()
+        text = groups.get("value") or groups.get("value2")
+        if text is None:
+            continue
+        unit = (groups.get("unit") or groups.get("unit2") or "").lower()
+        value = float(text) * UNIT.get(unit, 1.0)
+        before = re.split(r"[|,;]", line[max(0, m.start() - 40) : m.start()])[-1]
+        after = line[m.end() : m.end() + 24]
+        if TOTAL_AFTER.search(after) or TOTAL_BEFORE.search(before) or TOTAL_BEFORE.search(m.group(0)):
+            rank = 0
+        elif groups.get("keyscope") or PER_DEVICE_AFTER.search(after) or PER_DEVICE_BEFORE.search(before):
+            rank = 2
+        else:
+            rank = 1
+        if best is None or rank < best[0]:
+            best = (rank, value)
+    return best[1] if best else None
 
 
 def _float_or_none(text: str) -> float | None:
@@ -139,8 +214,22 @@ def advance(progress: Progress, snap: HealthSnapshot, thresholds: Thresholds) ->
         p = replace(p, gpu_memory_mib=used, gpu_rose_at=now)
     if any(g.utilization_percent > 0 for g in snap.gpus):
         p = replace(p, gpu_busy_at=now)
+    written = checkpoint_written_at(snap)
+    if written is not None and (p.checkpoint_written_at is None or written > p.checkpoint_written_at):
+        p = replace(p, checkpoint_written_at=written)
     all_zero = bool(snap.gpus) and all(g.memory_used_mib == 0 for g in snap.gpus)
     return replace(p, gpu_all_zero_polls=p.gpu_all_zero_polls + 1 if all_zero else 0)
+
+
+def checkpoint_written_at(snap: HealthSnapshot) -> float | None:
+    """When checkpoint_dir was last written, in seconds since launch; None where the poll cannot tell.
+
+    The snapshot's times are the host's: its clock now is the log's mtime plus the seconds since that write."""
+    if snap.checkpoint_mtime_epoch is None or snap.log_mtime_epoch is None or snap.seconds_since_log_write is None:
+        return None
+    host_now = snap.log_mtime_epoch + snap.seconds_since_log_write
+    age = max(0.0, host_now - snap.checkpoint_mtime_epoch)  # a write after the clock was read is a write now
+    return (snap.seconds_since_launch or 0.0) - age
 
 
 def stall_window_seconds(progress: Progress, thresholds: Thresholds) -> float:
@@ -151,30 +240,85 @@ def stall_window_seconds(progress: Progress, thresholds: Thresholds) -> float:
     return max(thresholds.stall_window_floor_seconds, thresholds.stall_interval_factor * typical)
 
 
-def diagnose(snap: HealthSnapshot, thresholds: Thresholds, progress: Progress | None = None, min_free_disk_gb: float = 0.0) -> Diagnosis:
-    """The verdict for one snapshot, given what earlier polls of the same attempt saw."""
+def diagnose(
+    snap: HealthSnapshot,
+    thresholds: Thresholds,
+    progress: Progress | None = None,
+    min_free_disk_gb: float = 0.0,
+    gpu_indexes: list[int] | None = None,
+) -> Diagnosis:
+    """The verdict for one snapshot, given what earlier polls of the same attempt saw.
+
+    gpu_indexes: the target's GPUs (from CUDA_VISIBLE_DEVICES); None: all the host's GPUs are the target's. Kernel
+    lines and counters about other GPUs are another job's. min_free_disk_gb: below it a disk the trainer filled is
+    still full (no relaunch onto it)."""
     progress = progress or advance(Progress(), snap, thresholds)
     metrics = _metrics(snap, thresholds)
+    settled = _unmanaged_or_stopped(snap, metrics)
+    if settled is not None:
+        return settled
     if not snap.launched and not snap.session_alive and snap.exit_code is None:
         return Diagnosis(
             verdict=Verdict.UNKNOWN, summary="no trainer on record", evidence=["no launch recorded and no tmux session"], metrics=metrics
         )
     if snap.exit_code is not None or not snap.pid_alive:
-        return _hardware(snap, thresholds, metrics, min_free_disk_gb) or _gone(snap, metrics)
-    return _alive(snap, thresholds, progress, metrics)
+        return _gpu_fault(snap, thresholds, metrics, gpu_indexes) or _gone(snap, metrics, min_free_disk_gb)
+    return _alive(snap, thresholds, progress, metrics, gpu_indexes)
 
 
-def _hardware(snap: HealthSnapshot, t: Thresholds, metrics: Metrics, min_free_disk_gb: float) -> Diagnosis | None:
-    """A failed GPU or a full disk outranks whatever the trainer printed: its errors are their knock-on."""
-    gpu = gpu_fault_evidence(snap, t.expected_gpus)
+# ---- what relaunch does not judge: the session holds another run, or a person stopped it ------------------
+
+
+def _unmanaged_or_stopped(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis | None:
+    """Decided before anything else: none of these may lead to a stop, a signal or a relaunch."""
+    if snap.foreign:
+        held = ", ".join(_foreign_name(line) for line in snap.foreign)
+        if snap.pid_alive:
+            summary = (
+                f"relaunch's trainer PID {snap.pid} runs outside the target's session while the session holds {held}: "
+                "two trainers of one target; nothing stopped"
+            )
+            evidence = [
+                *[f"in the session: {line}" for line in snap.foreign],
+                f"relaunch's trainer: PID {snap.pid}, alive",
+                "both may write the same checkpoints: end the one that should not run yourself, then `relaunch check` again",
+            ]
+            return Diagnosis(verdict=Verdict.UNMANAGED, cause=Cause.TWO_TRAINERS, summary=summary, evidence=evidence, metrics=metrics)
+        if snap.foreign_log is None:
+            summary = f"the target's session holds {held}, not a training run: nothing stopped"
+            evidence = [
+                *[f"in the session: {line}" for line in snap.foreign],
+                "no log it writes was found (no `tee` argument, its stdout is no file)",
+                "if it is the trainer, name its log: `relaunch adopt TARGET --log PATH`; "
+                "if not, end it or rename the session, then `relaunch recover TARGET`",
+            ]
+            return Diagnosis(verdict=Verdict.UNMANAGED, cause=Cause.NOT_A_TRAINER, summary=summary, evidence=evidence, metrics=metrics)
+        summary = f"the target's session holds a run relaunch did not start, writing {snap.foreign_log}: adopt it (relaunch adopt TARGET)"
+        evidence = [*[f"in the session: {line}" for line in snap.foreign], f"its log: {snap.foreign_log}"]
+        return Diagnosis(verdict=Verdict.UNMANAGED, summary=summary, evidence=evidence, metrics=metrics)
+    if snap.stopped_at is not None and not snap.pid_alive:
+        when = datetime.fromtimestamp(snap.stopped_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return Diagnosis(
+            verdict=Verdict.STOPPED,
+            summary=f"stopped on purpose (relaunch stop) at {when}; relaunch recover starts it again",
+            evidence=[f"stopped at {when} by `relaunch stop`; no trainer runs", *_last_lines(snap, 1)],
+            metrics=metrics,
+        )
+    return None
+
+
+def _foreign_name(line: str) -> str:
+    """`123 htop -d 5` as a person reads it: `htop -d 5` (pid 123)."""
+    pid, _, command = line.strip().partition(" ")
+    return f"`{command.strip()}` (pid {pid})" if pid.isdigit() and command.strip() else f"`{line.strip()}`"
+
+
+def _gpu_fault(snap: HealthSnapshot, t: Thresholds, metrics: Metrics, gpu_indexes: list[int] | None) -> Diagnosis | None:
+    """A failed GPU of the target outranks whatever the trainer printed: its errors are the failure's knock-on."""
+    gpu = gpu_fault_evidence(snap, t.expected_gpus, gpu_indexes)
     if gpu:
         return Diagnosis(
             verdict=Verdict.CRASHED, cause=Cause.GPU_FAULT, summary=gpu[0], evidence=[*gpu, *_kernel_note(snap)], metrics=metrics
-        )
-    full = disk_full_evidence(snap, min_free_disk_gb)
-    if full:
-        return Diagnosis(
-            verdict=Verdict.CRASHED, cause=Cause.DISK_FULL, summary=full[0], evidence=full, metrics=metrics, disk_still_full=True
         )
     return None
 
@@ -203,13 +347,19 @@ def _metrics(snap: HealthSnapshot, thresholds: Thresholds) -> Metrics:
 # ---- the trainer is gone ---------------------------------------------------------------------
 
 
-def _gone(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis:
+def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0) -> Diagnosis:
     code = snap.exit_code
     if code == 0:
         return Diagnosis(verdict=Verdict.FINISHED, summary="the trainer exited 0", evidence=_last_lines(snap, 3), metrics=metrics)
     cause = classify_failure([*snap.log_matches, *snap.log_tail])
     oom_kernel = _kernel_oom_lines(snap)
-    exit_text = f"exit code {code}" if code is not None else "no exit code recorded"
+    exit_text = (
+        f"exit code {code}"
+        if code is not None
+        else "no exit code: an adopted run's exit code cannot be known (relaunch did not start it)"
+        if snap.adopted
+        else "no exit code recorded"
+    )
     if cause is not None and cause[0] is Cause.BROKEN_CHECKPOINT and metrics.steps_seen:
         # It stepped, so the checkpoint it was given loaded: the load error is about something else.
         cause = (Cause.ERROR, None, cause[2])
@@ -235,15 +385,17 @@ def _gone(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis:
         extra += _kernel_note(snap) if kind is Cause.GPU_FAULT else []
         # A full /dev/shm does not empty itself on a relaunch: a person must give the container more.
         shm_full = kind is Cause.DISK_FULL and any("shared memory" in line for line in decisive)
+        # The trainer said its disk filled: the poll's figures say whether it still is (no relaunch onto it).
+        low = disk_full_evidence(snap, min_free_disk_gb) if kind is Cause.DISK_FULL else []
         return Diagnosis(
             verdict=Verdict.CRASHED,
             cause=kind,
             package=package,
-            summary=summary,
-            evidence=[*decisive, *extra, exit_text],
+            summary=low[0] if low else summary,
+            evidence=[*low, *decisive, *extra, exit_text],
             metrics=metrics,
             checkpoint=snap.checkpoint,
-            disk_still_full=shm_full,
+            disk_still_full=shm_full or bool(low),
         )
     if oom_kernel or (code == 137 and any("Killed" == line.strip() for line in snap.log_tail[-3:])):
         evidence = [*oom_kernel, exit_text] if oom_kernel else [*_last_lines(snap, 2), exit_text]
@@ -259,16 +411,29 @@ def _gone(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis:
         evidence = [*_last_lines(snap, 2), *_shm_note(snap), f"{exit_text} ({name}, raised by the trainer's own native code)"]
         return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.NATIVE_CRASH, summary=f"died of {name}", evidence=evidence, metrics=metrics)
     if code is not None and code > 128:
+        # A signal from outside (SIGKILL, SIGTERM) explains the death whatever the disk's free space.
         name = SIGNAL_NAMES.get(code - 128, f"signal {code - 128}")
         return Diagnosis(
             verdict=Verdict.CRASHED,
             cause=Cause.KILLED,
             summary=f"killed by {name}",
-            evidence=[*_last_lines(snap, 2), f"{exit_text} ({name})"],
+            evidence=[*_last_lines(snap, 2), f"{exit_text} ({name})", *_others_oom(snap)],
             metrics=metrics,
         )
+    full = full_disk_evidence(snap)
+    if full:
+        # Nothing else explains the death and the disk is really full: the trainer's own words (a traceback, its
+        # exit code) may be what could not be written.
+        return Diagnosis(
+            verdict=Verdict.CRASHED,
+            cause=Cause.DISK_FULL,
+            summary=full[0],
+            evidence=[*full, "the trainer's log names no other cause of its death", exit_text, *_last_lines(snap, 2)],
+            metrics=metrics,
+            disk_still_full=True,
+        )
     if code is None:
-        evidence = [_session_line(snap), "trainer PID not alive", exit_text, *_last_lines(snap, 2)]
+        evidence = [_session_line(snap), "trainer PID not alive", exit_text, *_last_lines(snap, 2), *_others_oom(snap)]
         return Diagnosis(
             verdict=Verdict.CRASHED,
             cause=Cause.SILENT_EXIT,
@@ -367,31 +532,60 @@ def _with_exception_line(lines: list[str], index: int) -> list[str]:
 
 
 def _kernel_oom_lines(snap: HealthSnapshot) -> list[str]:
-    pid = str(snap.pid) if snap.pid else None
-    hits = [line for line in snap.kernel_lines if KERNEL_OOM.search(line)]
-    if pid and any(f"process {pid} " in h or f"pid={pid}," in h for h in hits):
-        return [h for h in hits if pid in h][:3]
-    # The host sends only lines since launch; the killed PID may be a child of the recorded one.
-    return hits[-3:] if snap.exit_code in (None, 137) else []
+    """OOM-kill lines naming the run's own processes: its recorded PID or any PID seen in its tree (DataLoader
+    workers, torchrun's ranks). A host's kernel log holds other jobs' kills too (other containers' cgroups)."""
+    ours = _run_pids(snap)
+    return [line.strip() for line in snap.kernel_lines if _oom_pid(line) in ours][:3]
+
+
+def _others_oom(snap: HealthSnapshot) -> list[str]:
+    """A note that the kernel's OOM kills were of other processes, so a reader does not take them for the cause."""
+    ours = _run_pids(snap)
+    others = [line.strip() for line in snap.kernel_lines if (pid := _oom_pid(line)) is not None and pid not in ours]
+    if not others:
+        return []
+    known = f"PID {', '.join(map(str, sorted(ours)))}" if ours else "no PID recorded"
+    return [f"the kernel's OOM kills name other processes, not the run's ({known}): {others[-1]}"]
+
+
+def _run_pids(snap: HealthSnapshot) -> set[int]:
+    return {pid for pid in (snap.pid, *snap.tree_pids) if pid}
+
+
+def _oom_pid(line: str) -> int | None:
+    m = KERNEL_OOM.search(line)
+    if not m:
+        return None
+    return next((int(v) for v in m.groupdict().values() if v is not None), None)
 
 
 # ---- the trainer is alive --------------------------------------------------------------------
 
 
-def _alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics) -> Diagnosis:
+def _alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, gpu_indexes: list[int] | None = None) -> Diagnosis:
     now = snap.seconds_since_launch or 0.0
-    gpu_evidence = _gpu_evidence(snap, t, p)
+    gpu_evidence = _gpu_evidence(snap, t, p, gpu_indexes)
     window = stall_window_seconds(p, t)
     if metrics.steps_seen == 0:
         return _starting_or_stalled(snap, t, p, metrics, gpu_evidence)
-    since_step = now - (p.step_changed_at if p.step_changed_at is not None else now)
-    if since_step >= window and (snap.seconds_since_log_write or 0) >= min(window, since_step):
+    stepped_at = p.step_changed_at if p.step_changed_at is not None else now
+    since_step = now - stepped_at
+    # A checkpoint written since the last step line, within the window, is a save in progress (a long torch.save
+    # prints nothing): killing it mid-save leaves a half-written checkpoint to resume from.
+    saved = p.checkpoint_written_at
+    saving = saved is not None and saved > stepped_at and now - saved < window
+    if since_step >= window and (snap.seconds_since_log_write or 0) >= min(window, since_step) and not saving:
         ev = [
             f"no new step line for {since_step:.0f} s (stall window {window:.0f} s)",
             f"last step line: {_last_step_line(snap, t)}",
             *gpu_evidence,
         ]
         return Diagnosis(verdict=Verdict.STALLED, summary=f"no new step for {since_step:.0f} s", evidence=ev, metrics=metrics)
+    save_note = (
+        [f"no step line for {since_step:.0f} s, but checkpoint_dir was written {now - saved:.0f} s ago: a save in progress"]
+        if saving and saved is not None and since_step >= window
+        else []
+    )
     reading = read_log(snap.log_tail, t)
     if diverged(reading, t.diverged_steps):
         first = metrics.first_nonfinite_step
@@ -417,7 +611,7 @@ def _alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics) -
             *gpu_evidence,
         ]
         return Diagnosis(verdict=Verdict.DEGRADED, summary=f"{tps:.0f} tok/s, {tps / base:.0%} of baseline", evidence=ev, metrics=metrics)
-    ev = [f"last step line: {_last_step_line(snap, t)}", *gpu_evidence]
+    ev = [f"last step line: {_last_step_line(snap, t)}", *save_note, *gpu_evidence]
     return Diagnosis(
         verdict=Verdict.HEALTHY, summary=f"step {metrics.last_step}" + (f", {tps:.0f} tok/s" if tps else ""), evidence=ev, metrics=metrics
     )
@@ -425,7 +619,8 @@ def _alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics) -
 
 def _starting_or_stalled(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, gpu_evidence: list[str]) -> Diagnosis:
     now = snap.seconds_since_launch or 0.0
-    last_progress = max(x for x in (p.log_grew_at, p.gpu_rose_at, 0.0) if x is not None)
+    # A checkpoint written counts as the log growing does (a save before the first step: step 0's).
+    last_progress = max(x for x in (p.log_grew_at, p.gpu_rose_at, p.checkpoint_written_at, 0.0) if x is not None)
     quiet = min(now - last_progress, snap.seconds_since_log_write if snap.seconds_since_log_write is not None else now)
     tail = _last_lines(snap, 1)
     if now < t.startup_grace_seconds or quiet < t.stall_window_floor_seconds:
@@ -439,11 +634,13 @@ def _starting_or_stalled(snap: HealthSnapshot, t: Thresholds, p: Progress, metri
     return Diagnosis(verdict=Verdict.STALLED, summary="start-up made no progress", evidence=ev, metrics=metrics)
 
 
-def _gpu_evidence(snap: HealthSnapshot, t: Thresholds, p: Progress) -> list[str]:
-    if not snap.gpus:
+def _gpu_evidence(snap: HealthSnapshot, t: Thresholds, p: Progress, gpu_indexes: list[int] | None = None) -> list[str]:
+    # Only the target's GPUs: another job's idle GPU says nothing of this run.
+    gpus = [g for g in snap.gpus if gpu_indexes is None or g.index in gpu_indexes]
+    if not gpus:
         return []
     lines = []
-    expected = snap.gpus[: t.expected_gpus] if t.expected_gpus else snap.gpus
+    expected = gpus[: t.expected_gpus] if t.expected_gpus else gpus
     if expected and all(g.memory_used_mib == 0 for g in expected):
         lines.append(f"every expected GPU ({len(expected)}) at 0 MiB while the trainer is alive")
     now = snap.seconds_since_launch or 0.0
@@ -458,8 +655,8 @@ def _last_lines(snap: HealthSnapshot, n: int) -> list[str]:
 
 
 def _last_step_line(snap: HealthSnapshot, t: Thresholds) -> str:
-    step_re = re.compile(t.step_pattern)
-    return next((line.rstrip() for line in reversed(snap.log_tail) if step_re.search(line)), "")
+    step_of = step_reader(t)
+    return next((line.rstrip() for line in reversed(snap.log_tail) if step_of(line) is not None), "")
 
 
 def _session_line(snap: HealthSnapshot) -> str:

@@ -25,7 +25,7 @@ def planned(target: Target) -> list[tuple[Step, str, Command]]:
     from tasks.launch import plan_launch, plan_list_checkpoints
     from tasks.leftovers import plan_reap
     from tasks.preflight import plan_preflight
-    from tasks.rebuild_venv import plan_rebuild
+    from tasks.rebuild_venv import plan_build, plan_swap
     from tasks.restore_code import plan_restore
     from tasks.stop import plan_stop
     from tasks.warm_cache import plan_warm
@@ -33,9 +33,10 @@ def planned(target: Target) -> list[tuple[Step, str, Command]]:
     out = [
         (Step.PREFLIGHT, "preflight", plan_preflight(target)),
         (Step.STOP_LEFTOVERS, "stop leftovers", plan_reap(target)),
-        (Step.STOP, "stop", plan_stop(target)),
     ]
-    out += [(Step.REBUILD_VENV, name, command) for name, command in plan_rebuild(target, STAMP).items() if name != "siblings"]
+    out += [(Step.BUILD_VENV, name, command) for name, command in plan_build(target, STAMP).items()]
+    out.append((Step.STOP, "stop", plan_stop(target)))
+    out += [(Step.REBUILD_VENV, name, command) for name, command in plan_swap(target, STAMP).items() if name != "siblings"]
     out += [(Step.RESTORE_CODE, "git restore", plan_restore(target, STAMP))] if target.restore_paths else []
     out += [(Step.WARM_CACHE, name, command) for name, command in plan_warm(target, STAMP).items()]
     listing = plan_list_checkpoints(target)

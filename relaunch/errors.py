@@ -60,6 +60,32 @@ class HostBusy(RelaunchError):
     """Another recovery holds this target's lock."""
 
 
+class StateFolderTaken(RelaunchError):
+    """The target's state folder holds another target's records: reading or acting on them would judge, stop or
+    relaunch that target's trainer. Nothing was done."""
+
+    def __init__(self, host: str, state: str, owner: str, identity: str) -> None:
+        self.host, self.state, self.owner = host, state, owner
+        super().__init__(
+            f"on {host}: the state folder {state} belongs to another target ({owner}), not to this one ({identity}); nothing was done\n"
+            "  what to do: give this target its own state_dir; if it is the same target renamed (name, repo_dir or tmux_session "
+            f"changed), check that no trainer of the old one runs and remove {state}/target"
+        )
+
+
+class CheckpointUnusable(RelaunchError):
+    """checkpoint_dir holds something relaunch must not guess about: names but no usable checkpoint, a tracker
+    naming what is not there, or a loader that would take a checkpoint relaunch ruled out. Nothing was launched:
+    a run from scratch would write a new "newest" checkpoint over the work it could not read."""
+
+    def __init__(self, host: str, command: str, folder: str, problem: str, skipped: list[str], advice: str) -> None:
+        self.host, self.command, self.folder = host, command, folder
+        self.problem, self.skipped, self.advice = problem, skipped, advice
+        listed = "\n".join(f"    - {s}" for s in skipped[:20]) + (f"\n    ... and {len(skipped) - 20} more" if len(skipped) > 20 else "")
+        text = f"on {host}: `{command}` (exit 0): checkpoint_dir {folder}: {problem}; nothing was launched"
+        super().__init__(f"{text}\n  skipped:\n{listed}\n  what to do: {advice}" if skipped else f"{text}\n  what to do: {advice}")
+
+
 def is_transient(exc: BaseException) -> bool:
     """Only faults of the wire are retried; a command that failed on the host is an answer."""
     return isinstance(exc, TransportError)

@@ -23,7 +23,9 @@ class Action(str, Enum):
 
 STEPS: dict[Action, list[Step]] = {
     Action.NONE: [],
-    Action.FULL_RECOVERY: [Step.STOP, Step.REBUILD_VENV, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
+    # The new venv is built aside while the run still runs (build_venv) and renamed into place after the stop
+    # (rebuild_venv): a lock that cannot be built fails the recovery with the run as it was.
+    Action.FULL_RECOVERY: [Step.BUILD_VENV, Step.STOP, Step.REBUILD_VENV, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
     Action.INSTALL_AND_RELAUNCH: [Step.STOP, Step.INSTALL_PACKAGE, Step.LAUNCH],
     Action.REWARM_AND_RELAUNCH: [Step.STOP, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
     Action.RELAUNCH: [Step.STOP, Step.LAUNCH],
@@ -165,6 +167,9 @@ def steps_for(action: Action, unfinished: list[str] | None = None) -> list[Step]
     if action in (Action.NONE, Action.ESCALATE):
         return []
     needed = set(STEPS[action]) | _unfinished(unfinished)
+    if Step.REBUILD_VENV in needed:
+        # The swap after the stop takes what build_venv built aside before it.
+        needed.add(Step.BUILD_VENV)
     return [step for step in Step if step in needed]
 
 

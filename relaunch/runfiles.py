@@ -36,8 +36,15 @@ def log_path(target: Target, run_id: str) -> str:
 
 
 def trainer_env(target: Target) -> dict[str, str]:
-    """What warm-up and trainer share, so the warmed kernels are the ones training looks up."""
-    return {"TORCHINDUCTOR_CACHE_DIR": target.inductor_cache_dir, "VIRTUAL_ENV": target.venv_dir, **target.env}
+    """What warm-up and trainer share, so the warmed kernels are the ones training looks up.
+
+    PYTHONUNBUFFERED=1 unless the target sets it or says `unbuffered: false`: the trainer's stdout is a pipe to
+    the log writer, so Python would buffer it in blocks, and step lines arriving in bursts read as a stall.
+    """
+    env = {"TORCHINDUCTOR_CACHE_DIR": target.inductor_cache_dir, "VIRTUAL_ENV": target.venv_dir}
+    if target.unbuffered and "PYTHONUNBUFFERED" not in target.env:
+        env["PYTHONUNBUFFERED"] = "1"
+    return {**env, **target.env}
 
 
 def trainer_spec(target: Target, command: str) -> list[str]:
@@ -46,12 +53,23 @@ def trainer_spec(target: Target, command: str) -> list[str]:
 
 
 def trainer_command(target: Target, checkpoint: str | None) -> str:
-    """launch_command, plus resume_arg with the checkpoint's path quoted once for the shell that runs it."""
+    """launch_command, plus resume_arg with the checkpoint's path quoted once for the shell that runs it.
+
+    With `resume_from: folder` {checkpoint} is checkpoint_dir itself (Megatron's --load reads the folder's
+    tracker); relaunch still chose `checkpoint`, the one that loader will take, and records it.
+    """
     if not checkpoint:
         return target.launch_command
+    path = target.checkpoint_dir if target.resume_from == "folder" and target.checkpoint_dir else checkpoint
     # replace, not format(): resume_arg is validated to hold only {checkpoint}, and format() would also
     # read `{{` as an escape the user did not mean here.
-    return f"{target.launch_command} {target.resume_arg.replace('{checkpoint}', shlex.quote(checkpoint))}"
+    return f"{target.launch_command} {target.resume_arg.replace('{checkpoint}', shlex.quote(path))}"
+
+
+def state_identity(target: Target) -> str:
+    """Who owns a state folder (STATE/target, lib.sh claim_state): one line, the same for a launch, an adoption,
+    a poll and a stop."""
+    return f"{target.name} {target.repo_dir} {target.tmux_session}"
 
 
 def new_nonce() -> str:
@@ -62,7 +80,16 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
     """Read the SNAPSHOT script's sections; lines before the first marker (shell noise) are ignored."""
     mark = f"@@relaunch-{nonce}@@ "
     fields: dict[str, str] = {}
-    sections: dict[str, list[str]] = {"tail": [], "matches": [], "gpu": [], "gpu_health": [], "kernel": [], "disk": []}
+    sections: dict[str, list[str]] = {
+        "tail": [],
+        "matches": [],
+        "gpu": [],
+        "gpu_health": [],
+        "kernel": [],
+        "disk": [],
+        "tree": [],
+        "foreign": [],
+    }
     current: list[str] | None = None
     # Only \n separates the poll's own lines; a \r inside a log line is the log's business (clean_lines).
     for line in stdout.split("\n"):
@@ -101,6 +128,14 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         log_mtime_epoch=mtime,
         checkpoint=fields.get("checkpoint") or None,
         unfinished_steps=fields.get("unfinished", "").split(),
+        stopped_at=_float(fields.get("stopped_at")),
+        state_owner=fields.get("state_owner") or None,
+        adopted=fields.get("adopted") == "1",
+        tree_pids=[int(line) for line in sections["tree"] if line.strip().isdigit()],
+        checkpoint_mtime_epoch=_float(fields.get("checkpoint_mtime")),
+        foreign=[line.strip() for line in sections["foreign"] if line.strip()],
+        foreign_log=fields.get("foreign_log") or None,
+        log_followed=fields.get("log_followed") or None,
     )
 
 

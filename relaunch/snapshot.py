@@ -49,6 +49,7 @@ class HealthSnapshot(BaseModel):
     disks: list[DiskFree] = Field(default_factory=list, description="Free space where logs, checkpoints and shared memory live.")
     checkpoint: str | None = Field(None, description="The checkpoint this attempt was launched with, from its run record.")
     log_mtime_epoch: float | None = Field(None, description="When the log was last written, host clock, seconds since the epoch.")
+    state_owner: str | None = Field(None, description="STATE/target names another target: nothing else was read (the poll refuses).")
     stopped_at: float | None = Field(
         None, description="`relaunch stop` stopped this target on purpose at this host time (STATE/stopped); cleared by a recovery."
     )
@@ -69,6 +70,10 @@ class HealthSnapshot(BaseModel):
     )
     foreign_log: str | None = Field(
         None, description="The log that foreign run writes (a `tee` argument, or its stdout), where one was found."
+    )
+    log_followed: str | None = Field(
+        None,
+        description="The log was renamed under the live trainer (rotation by rename): this is the file it writes, which the poll read instead of the recorded log_path.",
     )
     unfinished_steps: list[str] = Field(
         default_factory=list, description="Steps a killed recovery left half done (their markers are still on the host)."

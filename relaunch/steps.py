@@ -17,6 +17,8 @@ class Step(str, Enum):
     PREFLIGHT = "preflight"
     STOP_LEFTOVERS = "stop_leftovers"
     CAPTURE_STACKS = "capture_stacks"
+    # Before the stop: a venv that cannot be built fails the recovery while the run still runs.
+    BUILD_VENV = "build_venv"
     STOP = "stop"
     REBUILD_VENV = "rebuild_venv"
     INSTALL_PACKAGE = "install_package"
@@ -61,27 +63,61 @@ class StacksDetail(_Detail):
 
 class StopDetail(_Detail):
     kind: Literal["stop"] = "stop"
-    output: list[str] = Field(default_factory=list)
+    output: list[str] = Field(default_factory=list, description="The last lines stop.sh printed.")
+    signalled: list[int] = Field(default_factory=list, description="PIDs sent their one SIGTERM (relaunch's or adopted processes only).")
+    killed: list[int] = Field(default_factory=list, description="PIDs still alive after the grace, sent SIGKILL.")
+    survivors: list[str] = Field(default_factory=list, description="`PID command` of each process alive even after SIGKILL.")
+    panes_left: list[str] = Field(
+        default_factory=list, description="Other panes of the run's session, left running: `%ID (PID N: command)`."
+    )
+    deliberate: bool = Field(False, description="A person's stop (`relaunch stop`): STATE/stopped marks the target stopped.")
+
+    def notes(self) -> list[str]:
+        lines = [f"SIGTERM: {len(self.signalled)} process(es)"] if self.signalled else []
+        lines += [f"SIGKILL after the grace: {' '.join(map(str, self.killed))}"] if self.killed else []
+        lines += [f"alive after SIGKILL: {s}" for s in self.survivors]
+        lines += [f"left running in the session: {p}" for p in self.panes_left]
+        return lines + (["stopped on purpose: checks leave it stopped until `relaunch recover`"] if self.deliberate else [])
 
 
-class RebuildDetail(_Detail):
-    kind: Literal["rebuild_venv"] = "rebuild_venv"
+class _VenvBuild(_Detail):
+    """What building a venv from the lock found: shared by the build aside and the swap that puts it in place."""
+
     old_venv_drift: list[str] = Field(default_factory=list, description="How the replaced venv differed from the lock.")
-    old_venv: str = Field("none", description="Where the replaced venv was moved aside.")
     drift: list[str] = Field(default_factory=list, description="How the new venv differs from the lock (should be empty).")
     packages: int = 0
-    pruned: list[str] = Field(default_factory=list, description="Old venvs beyond the kept ones, removed.")
     system_site_packages: bool = Field(False, description="The venv also sees the interpreter's own packages (the image's).")
     from_image: dict[str, str] = Field(
         default_factory=dict, description="Distributions of the import-checked modules the venv takes from the image, and their versions."
     )
     shadowed: list[str] = Field(default_factory=list, description="Packages the lock installs over another version in the image.")
 
-    def notes(self) -> list[str]:
+    def build_notes(self) -> list[str]:
         lines = [f"old venv drift: {'; '.join(self.old_venv_drift)}"] if self.old_venv_drift else []
         lines += [f"drift: {'; '.join(self.drift)}"] if self.drift else []
         lines += [f"from the image: {', '.join(f'{n} {v}' for n, v in self.from_image.items())}"] if self.from_image else []
-        lines += [f"shadows the image: {'; '.join(self.shadowed)}"] if self.shadowed else []
+        return lines + ([f"shadows the image: {'; '.join(self.shadowed)}"] if self.shadowed else [])
+
+
+class BuildDetail(_VenvBuild):
+    kind: Literal["build_venv"] = "build_venv"
+    built: str = Field("", description="The sibling folder (VENV.new-STAMP) the venv was built in while the run still ran.")
+    reused: bool = Field(False, description="A retry found this build already complete and kept it.")
+
+    def notes(self) -> list[str]:
+        return [f"built aside at {self.built}" + (" (kept from the first try)" if self.reused else ""), *self.build_notes()]
+
+
+class RebuildDetail(_VenvBuild):
+    kind: Literal["rebuild_venv"] = "rebuild_venv"
+    old_venv: str = Field("none", description="Where the replaced venv was moved aside.")
+    built: str = Field("", description="Where the new venv was built (VENV.new-STAMP) before it was renamed into place.")
+    prepared: bool = Field(False, description="Built by an earlier build_venv step of this recovery (its notes say what it found).")
+    pruned: list[str] = Field(default_factory=list, description="Old venvs beyond the kept ones, removed.")
+
+    def notes(self) -> list[str]:
+        # A prepared build's findings are in the build_venv step's notes already.
+        lines = [] if self.prepared else self.build_notes()
         lines += [f"old venv kept as {self.old_venv}"] if self.old_venv != "none" else []
         return lines + ([f"pruned: {'; '.join(self.pruned)}"] if self.pruned else [])
 
@@ -148,6 +184,7 @@ StepDetail = Annotated[
     | LeftoversDetail
     | StacksDetail
     | StopDetail
+    | BuildDetail
     | RebuildDetail
     | InstallDetail
     | RestoreDetail

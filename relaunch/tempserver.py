@@ -30,9 +30,31 @@ starts them freely). (c) A watchdog wrapper around Prefect's server needs that s
 
 Only when needed: commands that run no flow (help, diagnose, `recover --dry-run`, ...) start nothing; a
 server that is configured (PREFECT_API_URL, the active profile, prefect.toml/.env/pyproject.toml) is left
-to Prefect; and where nothing is configured but a Prefect server answers where `prefect server start` and
-`make serve` listen (127.0.0.1:4200), relaunch uses that one (saying so on stderr) instead of booting its
-own, which costs seconds of CPU (importing Prefect's server and building its app: 3-5 s on 2 cores).
+to Prefect; and where nothing is configured but a Prefect server of this user answers where `prefect server
+start` and `make serve` listen (127.0.0.1:4200), relaunch uses that one (saying so on stderr) instead of
+booting its own, which costs seconds of CPU (importing Prefect's server and building its app: 3-5 s on 2 cores).
+
+Whose server that is. On a shared host 127.0.0.1:4200 may be another person's server: flow runs, their
+parameters (targets, hosts) and logs would go to it. It is used only when every socket listening there
+belongs to this uid, as the kernel records it in /proc/net/tcp and /proc/net/tcp6 (the `uid` column: the
+owner of the process that opened the socket). Chosen over `$PREFECT_HOME/server.pid` (what scripts/serve.sh
+writes) because that file is in the PREFECT_HOME of whoever ran `make serve` (by default the checkout's own
+.cache/prefect-home, not the ~/.prefect a person's CLI reads), says nothing about a `prefect server start`
+typed by hand, and names the `prefect server start` process while the socket is its uvicorn child's; the
+uid is the kernel's own record of the listener, for any way the server was started, read without talking to
+it. Its limit: people who share one account (several people as root on a GPU box) share a uid, so it cannot
+tell them apart; they set PREFECT_API_URL. A listener of another uid (or one whose owner cannot be read) is
+not used and not even asked: this command starts its temporary server and says, once, how to configure one.
+
+Bounded waits on the API (`api_client_defaults`, `unanswered_api`): Prefect's client waits 60 s per request
+(PREFECT_API_REQUEST_TIMEOUT) and retries a timed-out request 5 times (PREFECT_CLIENT_MAX_RETRIES) after
+2, 4, 8, 16, 32 s (+20% jitter): a server that accepts connections and never answers held `relaunch check`
+for over 400 s on its first request, printing nothing. Two bounds, set by relaunch only where the user has
+set nothing: (1) before any flow runs, so before any host action, `GET {api}/health` must get an answer
+(any HTTP status) within API_ANSWER_SECONDS, else the command ends with exit 3 naming the URL; (2) each
+request's timeout is API_REQUEST_TIMEOUT_SECONDS, so a server that hangs mid-run fails each request after
+at most (1 + 5 retries) x 30 s + 74 s of backoff = 254 s, and the flow (and command) ends with it. The
+retries are Prefect's and kept: they carry a recovery across a server restart.
 
 Fail safe: whether Prefect would start a temporary server at all (no URL in the active profile or
 prefect.toml, ephemeral mode on) is decided by the server child with Prefect's own settings (this
@@ -77,8 +99,15 @@ STOP_GRACE_SECONDS = 5.0
 PR_SET_PDEATHSIG = 1
 # Where `prefect server start` (and `make serve`) listens by default.
 DEFAULT_LOCAL_API_URL = "http://127.0.0.1:4200/api"
+DEFAULT_LOCAL_PORT = 4200
 # A local server answers /health in milliseconds; a refused port fails at once. Bounded for a busy host.
 PROBE_TIMEOUT_SECONDS = 1.0
+# How long a configured API gets to answer `GET /health` before any flow runs: a server that is up answers in
+# milliseconds (a loaded one in well under a second); one that has not answered in this long is hung.
+API_ANSWER_SECONDS = 10.0
+# Prefect's own default is 60 s per request (times 6 with its retries): a hung API then holds a command for
+# 7 minutes per request. 30 s is still far beyond what any request of a flow run takes on a loaded server.
+API_REQUEST_TIMEOUT_SECONDS = 30.0
 
 
 class TempServerError(RuntimeError):
@@ -115,12 +144,17 @@ def start_for_cli(argv: Sequence[str], environ: MutableMapping[str, str] = os.en
     """Called first in `main()`: start our temporary server when Prefect would start its own. Never raises."""
     if not needs_temp_server(argv, environ):
         return None
-    # A server already running where `prefect server start` listens (`make serve`): use it, start none.
-    # Only when nothing is configured anywhere, so a configured server is never overridden.
-    if _nothing_configured(environ) and reachable(DEFAULT_LOCAL_API_URL):
-        environ["PREFECT_API_URL"] = DEFAULT_LOCAL_API_URL
-        print(f"relaunch: using the Prefect server at {DEFAULT_LOCAL_API_URL}", file=sys.stderr)
-        return None
+    # A server of this user already running where `prefect server start` listens (`make serve`): use it, start
+    # none. Only when nothing is configured anywhere, so a configured server is never overridden.
+    if _nothing_configured(environ):
+        owners = listener_uids(DEFAULT_LOCAL_PORT)
+        if owners and set(owners) == {os.getuid()}:
+            if reachable(DEFAULT_LOCAL_API_URL):
+                environ["PREFECT_API_URL"] = DEFAULT_LOCAL_API_URL
+                print(f"relaunch: using your Prefect server at {DEFAULT_LOCAL_API_URL}", file=sys.stderr)
+                return None
+        elif owners or (owners is None and reachable(DEFAULT_LOCAL_API_URL)):
+            print(_not_yours(owners), file=sys.stderr)
     try:
         server = start(environ)
     except Exception as exc:  # noqa: BLE001 - any trouble here must leave the CLI working as before
@@ -213,6 +247,131 @@ def _profile_sets_api_url(environ: MutableMapping[str, str]) -> bool:
     table = profiles.get("profiles")
     profile = table.get(active) if isinstance(table, dict) and isinstance(active, str) else None
     return isinstance(profile, dict) and bool(profile.get("PREFECT_API_URL"))
+
+
+def _not_yours(owners: list[int] | None) -> str:
+    whose = (
+        "whose owner cannot be read here (no /proc/net/tcp)"
+        if owners is None
+        else f"owned by uid {', '.join(str(u) for u in sorted(set(owners)))}, not by you (uid {os.getuid()})"
+    )
+    return (
+        f"relaunch: not using the server on 127.0.0.1:{DEFAULT_LOCAL_PORT}, {whose}: it may be another person's; "
+        "this command runs on a temporary Prefect server of its own.\n"
+        "  to use a Prefect server: export PREFECT_API_URL=http://HOST:PORT/api (or `prefect config set PREFECT_API_URL=...`)"
+    )
+
+
+# /proc/net/tcp{,6} `st` of a listening socket (TCP_LISTEN).
+_LISTEN = "0A"
+# Local addresses whose listener takes a connection to 127.0.0.1 (:: when dual-stack, which cannot be read here).
+_TAKES_LOOPBACK = {"127.0.0.1", "0.0.0.0", "::", "::ffff:127.0.0.1"}
+
+
+def listener_uids(port: int, proc_net: Path = Path("/proc/net")) -> list[int] | None:
+    """The owner uid of each socket listening on PORT that a connection to 127.0.0.1:PORT can reach.
+
+    [] when none listens; None when the kernel's tables cannot be read (not Linux), so nobody is known.
+    The tables are this network namespace's, the one a connection from this process goes through.
+    """
+    found: list[int] = []
+    readable = False
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        try:
+            lines = (proc_net / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 8 or fields[3] != _LISTEN:
+                continue
+            address, _, port_hex = fields[1].partition(":")
+            if int(port_hex, 16) == port and _address(address, family) in _TAKES_LOOPBACK:
+                found.append(int(fields[7]))
+    return found if readable else None
+
+
+def _address(hex_address: str, family: int) -> str:
+    """/proc/net/tcp's address: 32-bit words printed in host byte order."""
+    words = [int(hex_address[i : i + 8], 16) for i in range(0, len(hex_address), 8)]
+    return socket.inet_ntop(family, b"".join(w.to_bytes(4, sys.byteorder) for w in words))
+
+
+def api_client_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set PREFECT_API_REQUEST_TIMEOUT to API_REQUEST_TIMEOUT_SECONDS where the user has set it nowhere.
+
+    Before Prefect reads its settings. An environment variable outranks Prefect's files, so it is set only when
+    no file Prefect reads mentions the setting: the working folder's .env, prefect.toml, pyproject.toml, the
+    active profile (conservative: a mention anywhere in them leaves Prefect's own resolution alone).
+    """
+    name = "PREFECT_API_REQUEST_TIMEOUT"
+    if environ.get(name) or any(_mentions(f, ("request_timeout", name)) for f in _SETTINGS_FILES):
+        return
+    profile = _active_profile(environ)
+    if profile is None or name in profile:
+        return
+    environ[name] = f"{API_REQUEST_TIMEOUT_SECONDS:g}"
+
+
+def _mentions(name: str, words: tuple[str, ...]) -> bool:
+    try:
+        text = Path(name).read_text(errors="replace").lower()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # unreadable: it may set it
+    return any(word.lower() in text for word in words)
+
+
+def _active_profile(environ: MutableMapping[str, str]) -> dict[str, object] | None:
+    """The active profile's settings ({} for none), None when the profiles file cannot be read."""
+    path = _profiles_path(environ)
+    if not path.exists():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    active = environ.get("PREFECT_PROFILE") or data.get("active") or "ephemeral"
+    table = data.get("profiles")
+    profile = table.get(active) if isinstance(table, dict) else None
+    return profile if isinstance(profile, dict) else {}
+
+
+def unanswered_api(api_url: str | None = None, timeout_seconds: float = API_ANSWER_SECONDS) -> str | None:
+    """Why the command must end now (exit 3) because the configured API does not answer; None when it may go on.
+
+    `GET {api}/health` through httpx, as Prefect's client sends its requests (its proxy variables, TLS
+    settings), once, before any flow runs. Only a timeout stops the command: any HTTP answer means the server
+    is alive, and a refused connection, an unknown name or a TLS failure fails Prefect's own first request at
+    once, with its own message. Without API_URL, Prefect's resolved setting (profile, prefect.toml, ...) is read.
+    """
+    import httpx
+
+    if api_url is None:
+        from prefect.settings import get_current_settings
+
+        api_url = get_current_settings().api.url
+    if not api_url:
+        return None  # Prefect starts its own temporary server
+    health = f"{api_url.rstrip('/')}/health"
+    try:
+        httpx.get(health, timeout=timeout_seconds)
+    except httpx.ConnectTimeout:
+        what = f"did not accept a connection within {timeout_seconds:.0f} s"
+    except httpx.TimeoutException:
+        what = f"accepted the connection but did not answer GET {health} within {timeout_seconds:.0f} s"
+    except httpx.HTTPError:
+        return None
+    else:
+        return None
+    return (
+        f"relaunch: the Prefect API at {api_url} {what}; nothing was done on any host.\n"
+        "  what to do: see to that server (is it up, hung, overloaded? its log; `prefect server status`), or point "
+        "PREFECT_API_URL at one that answers, or unset it (and any in your Prefect profile: `prefect config view`) "
+        "to run this command on a temporary server of its own"
+    )
 
 
 def reachable(api_url: str, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> bool:

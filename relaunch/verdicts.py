@@ -118,9 +118,10 @@ SLOWDOWN_WARNINGS = re.compile(
     r"called without torch\.compile|falling back to .*(eager|uncompiled|slow)|Graph break|recompil", re.IGNORECASE
 )
 
-# Kernel log lines of the OOM killer.
+# Kernel log lines of the OOM killer, each naming the PID it killed (the `oom-kill:` summary line as `pid=N,`).
+# The PID decides whose kill it was: a host's kernel log holds other jobs' kills too (other containers' cgroups).
 KERNEL_OOM = re.compile(
-    r"Out of memory: Killed process (?P<pid>\d+)|oom-kill:.*task_memcg|oom_reaper: reaped process (?P<pid2>\d+)|Memory cgroup out of memory: Killed process (?P<pid3>\d+)"
+    r"Out of memory: Killed process (?P<pid>\d+)|oom-kill:.*\bpid=(?P<pid4>\d+),|oom_reaper: reaped process (?P<pid2>\d+)|Memory cgroup out of memory: Killed process (?P<pid3>\d+)"
 )
 
 # Import names whose distribution is called something else.
@@ -143,8 +144,61 @@ SIGNAL_NAMES = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS"
 # Signals a process raises on itself when its native code fails: not a kill from outside.
 NATIVE_SIGNALS = frozenset({4, 6, 7, 8, 11})
 
-# A loss value as trainers print it: `loss=nan`, `loss nan`, `loss: inf`, `'loss': -inf`, `loss=3.64`.
+# The training loss as trainers print it: `loss=nan`, `loss nan`, `loss: inf`, `'loss': -inf`, `loss=3.64`,
+# `train_loss=3.6`, Megatron's `lm loss: 3.456789E+00`, `lm_loss`, Lightning's `train_loss_step`.
+# Other losses are not the loss: `z_loss`, `aux_loss`, `load_balancing_loss`, `moe/balance_loss`, `val_loss`, `eval_loss`
+# (a word joined to `loss` by `_`, `/`, `.` or `-`), nor `aux loss:` (a word and a space before `loss`), unless the
+# word is one that names the training loss itself (train, lm, avg, ...). A z_loss of nan beside loss=2.6 is no divergence.
+_LOSS_NAMES = r"(?:train(?:ing)?|lm|avg|mean|average|running|smoothed|reduced)"
+# Words that, a space before `loss`, name another loss (`aux loss: nan`, Megatron's `mtp_1 loss:`); one lookbehind each.
+_OTHER_LOSSES = "".join(
+    rf"(?<!{word} )"
+    for word in (
+        r"\baux",
+        r"\bz",
+        "moe",
+        "router",
+        "balance",
+        "balancing",
+        r"\bval",
+        "valid",
+        "validation",
+        "eval",
+        "test",
+        r"\bkl",
+        "mtp_\\d",
+        "distill",
+    )
+)
 DEFAULT_LOSS = re.compile(
-    r"""(?<![A-Za-z0-9])(?:train_)?loss['"]?\s*[=:]?\s*(?P<value>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+))""",
+    rf"""(?:(?<![\w./-]){_LOSS_NAMES}[ _/]|(?<![\w./-]){_OTHER_LOSSES})loss(?:_step|_epoch)?(?![\w./-])['"]?\s*[=:]?\s*(?P<value>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+))""",
+    re.IGNORECASE,
+)
+
+# Lines that name a step without reporting a training step: a resume, a checkpoint load or save, a start
+# announcement (`resuming from /ckpt/step_100.pt at step 100`, `loaded checkpoint at step=100`, `saved checkpoint
+# step_200 at step 200`, HF's `Continuing training from global step 500`, torchtitan's `Loading the checkpoint at
+# step 100`). The default step pattern (`step[=: ]N`) matches them all; counted as steps they ended the start-up
+# grace of a run that then compiled for minutes after its resume, and it was called stalled and killed.
+NOT_A_TRAINING_STEP = re.compile(
+    r"\bresum(?:e|ed|es|ing)\b"
+    r"|\b(?:load|loaded|loads|loading|restor(?:e|ed|es|ing)|sav(?:e|ed|es|ing)|writ(?:e|es|ing|ten)|wrote)\b[^|,;]{0,40}?\b(?:checkpoints?|ckpts?|state(?:[_ ]dict)?|weights|model)\b"
+    r"|\b(?:checkpoints?|ckpts?)\b[^|,;]{0,40}?\b(?:saved|written|loaded|restored)\b"
+    r"|\w\.(?:pt|pth|ckpt|safetensors)\b"
+    r"|\bcontinu(?:e|es|ing) training from\b"
+    r"|\bstart(?:s|ing)? (?:at|from) (?:global )?step\b",
+    re.IGNORECASE,
+)
+
+# tqdm's progress line, as clean_lines splits its `\r` redraws: `  12%|█▏        | 120/1000 [00:30<03:40,  4.00it/s]`
+# (a total known) or `120it [00:30,  4.00it/s]` (none). `n` is the count of finished iterations.
+TQDM_PROGRESS = re.compile(
+    r"\d{1,3}%\|[^|\n]*\|\s*(?P<n>\d+)/(?:\d+|\?) \[(?:\d+:)?\d{2}:\d{2}<"  # `12%|█▏  | 120/1000 [00:30<03:40, ...`
+    r"|(?<![\w.])(?P<n2>\d+)[A-Za-z ]{0,12} \[(?:\d+:)?\d{2}:\d{2},\s+(?:\?|\d)"  # `120it [00:30,  4.00it/s]`
+)
+
+# A tqdm bar's description that says it is not training: start-up's loading and data preparation, evaluation.
+NOT_TRAINING_PROGRESS = re.compile(
+    r"\b(?:load|download|fetch|map|filter|tokeni[sz]|preprocess|generat|extract|resolv|sav|writ|upload|convert|build|prepar|index|shuffl|pack|eval|valid|test|predict|sanity|infer|sampl|cach|warm|compil)\w*",
     re.IGNORECASE,
 )

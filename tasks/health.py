@@ -9,11 +9,13 @@ from pydantic import BaseModel, Field
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
+from relaunch.errors import CommandFailed, StateFolderTaken
 from relaunch.host import host_script
 from relaunch.logtext import FAILURE_WORDS
-from relaunch.runfiles import TAIL_BYTES, TAIL_LINES, new_nonce, parse_snapshot
+from relaunch.runfiles import TAIL_BYTES, TAIL_LINES, new_nonce, parse_snapshot, state_identity
 from relaunch.snapshot import HealthSnapshot
 from relaunch.verdicts import Verdict
+from tasks.adopt import adopt_run
 from tasks.common import Progress as ProgressArtifact
 from tasks.common import artifact_key, execute, log, step_task
 
@@ -36,30 +38,46 @@ def plan_snapshot(
     With `wake_on_log_write` the wait also ends when the trainer's log is written."""
     args = (target.state_path, target.tmux_session, str(int(wait_seconds * 1000)), str(tail_lines), "1", nonce)
     args += (target.venv_dir, target.inductor_cache_dir, str(TAIL_BYTES), FAILURE_WORDS, target.log_dir, target.checkpoint_dir or "")
-    args += ("1" if wake_on_log_write else "0",)
+    args += ("1" if wake_on_log_write else "0", state_identity(target))
     return script(host_script("snapshot"), *args, label="health poll", timeout_seconds=wait_seconds + 60)
 
 
 def collect_snapshot(target: Target, wait_seconds: float = 0, wake_on_log_write: bool = False) -> HealthSnapshot:
     nonce = new_nonce()
-    result = execute(target, plan_snapshot(target, wait_seconds, nonce, wake_on_log_write=wake_on_log_write))
-    return parse_snapshot(result.stdout, target.host.label, nonce)
+    command = plan_snapshot(target, wait_seconds, nonce, wake_on_log_write=wake_on_log_write)
+    snap = parse_snapshot(execute(target, command).stdout, target.host.label, nonce)
+    if snap.state_owner:
+        raise StateFolderTaken(target.host.label, target.state_path, snap.state_owner, state_identity(target))
+    return snap
 
 
 def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:
-    """Poll with a long-poll wait on the host; return the first settled verdict (or `starting` at timeout)."""
+    """Poll with a long-poll wait on the host; return the first settled verdict (or `starting` at timeout).
+
+    A run a person started in the target's session, with a log found and no live trainer of relaunch's beside it,
+    is adopted first (recorded as the current run, nothing signalled) and then judged as relaunch's own."""
     t = target.thresholds
     deadline = time.monotonic() + (timeout_seconds if timeout_seconds is not None else t.settle_timeout_seconds)
     start, progress, polls, last = time.monotonic(), Progress(), 0, None
     # Created at the first `starting` verdict: a check that settles at once (most of them) makes no API call for it.
     bar: ProgressArtifact | None = None
     bar_updated = float("-inf")  # the first start-up poll shows at once
+    asked_to_adopt = False
+    fresh = True  # the first poll, and the first after an adoption, waits for nothing
     while True:
-        wait = 0 if polls == 0 else min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
+        wait = 0 if fresh else min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
+        fresh = False
         snap = collect_snapshot(target, wait, wake_on_log_write=stepping_toward_a_verdict(last, progress))
         polls += 1
+        if not asked_to_adopt and adoptable(snap):
+            # Once per check: a refused adoption (another target's state folder, a trainer of ours alive
+            # elsewhere) is judged as it stands, which says UNMANAGED and stops nothing.
+            asked_to_adopt = True
+            if adopt_foreign(target):
+                progress, last, fresh = Progress(), None, True
+                continue
         progress = advance(progress, snap, t)
-        diagnosis = diagnose(snap, t, progress, min_free_disk_gb=target.min_free_disk_gb)
+        diagnosis = diagnose(snap, t, progress, min_free_disk_gb=target.min_free_disk_gb, gpu_indexes=gpu_indexes_of(target))
         if last is None or diagnosis.verdict is not last:
             log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
             last = diagnosis.verdict
@@ -71,6 +89,32 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
             bar.update(min(99.0, 100.0 * elapsed / max(t.startup_grace_seconds, 1.0)), diagnosis.summary, announce=False)
         if diagnosis.settled or time.monotonic() >= deadline:
             return HealthResult(diagnosis=diagnosis, snapshot=snap, polls=polls, seconds=round(time.monotonic() - start, 3))
+
+
+def gpu_indexes_of(target: Target) -> list[int] | None:
+    """The target's GPUs from CUDA_VISIBLE_DEVICES in its env: kernel lines about other GPUs are another job's.
+
+    None (every GPU of the host counts as the target's) when unset, or when it names GPUs by UUID or MIG
+    instance: the poll knows GPUs by index only."""
+    value = target.env.get("CUDA_VISIBLE_DEVICES")
+    parts = [p.strip() for p in value.split(",")] if value is not None else []
+    return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None
+
+
+def adoptable(snap: HealthSnapshot) -> bool:
+    """A run started by hand in the target's session, whose log was found, and no live trainer of ours beside it."""
+    return bool(snap.foreign) and snap.foreign_log is not None and not snap.pid_alive
+
+
+def adopt_foreign(target: Target) -> bool:
+    """Record the session's run as the current one (tasks/adopt.py); False, with the host's reason logged, if refused."""
+    try:
+        adoption = adopt_run(target)
+    except CommandFailed as exc:
+        log().warning("%s: the run in tmux session %s was not adopted: %s", target.name, target.tmux_session, exc)
+        return False
+    log().warning("adopted a run started by hand: pid %s, log %s", adoption.pid, adoption.log_path)
+    return True
 
 
 def stepping_toward_a_verdict(last: Verdict | None, progress: Progress) -> bool:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from relaunch.checkpoints import Choice, choose, parse_listing
+from relaunch.checkpoints import Choice, choose, read_listing
 from relaunch.commands import Command, script
 from relaunch.config import Target
+from relaunch.errors import CheckpointUnusable
 from relaunch.host import host_script
-from relaunch.runfiles import log_path, new_run_id, trainer_command, trainer_spec
+from relaunch.runfiles import log_path, new_run_id, state_identity, trainer_command, trainer_spec
 from relaunch.steps import LaunchDetail, Step, StepRecord
 from tasks.common import execute, log, step_task, timed
 from tasks.leftovers import tracked
@@ -25,34 +26,99 @@ def skipped_path(target: Target) -> str:
 
 
 def plan_list_checkpoints(target: Target, refuse: str | None = None) -> Command | None:
+    """The listing the choice is made from; the state folder is passed so the current run's end (a stop's
+    SIGTERM and SIGKILL, its exit code and when) is listed too."""
     if not target.checkpoint_dir:
         return None
-    return script(
-        LIST_CHECKPOINTS, target.checkpoint_dir, skipped_path(target), refuse or "", label="list checkpoints", timeout_seconds=120
-    )
+    args = (target.checkpoint_dir, skipped_path(target), refuse or "", target.state_path)
+    return script(LIST_CHECKPOINTS, *args, label="list checkpoints", timeout_seconds=120)
+
+
+# What each of launch.sh's refusals means and what to do (its header lists the same exit codes).
+LAUNCH_ADVICE = (
+    "exit 10: the current run's trainer is alive (stop it or let it run); "
+    "11: a tmux session of this name exists (look at it: `tmux attach -t =SESSION`; end it, or rename tmux_session); "
+    "15/16: the venv or compile cache is half-built (run the recovery again: it rebuilds them); "
+    "17: another launch is under way; "
+    "18: a live process carries this target's marker, a trainer relaunch no longer records (stop the PIDs named, or adopt "
+    "the run); 19: a live process has files open under checkpoint_dir, e.g. a trainer started by hand (stop it first); "
+    "20: the state folder belongs to another target (give each target its own state_dir); "
+    "12/13/14: a folder, tmux or the supervisor failed: see the output"
+)
 
 
 def plan_launch(target: Target, run_id: str, checkpoint: str | None) -> tuple[Command, str]:
     command = trainer_command(target, checkpoint)
     args = (target.state_path, target.tmux_session, run_id, log_path(target, run_id), SUPERVISOR, LAUNCHER, str(PID_WAIT_SECONDS))
-    args += (target.venv_dir, target.inductor_cache_dir, checkpoint or "", *trainer_spec(target, command))
+    args += (target.venv_dir, target.inductor_cache_dir, checkpoint or "")
+    # launch.sh's arguments 11-13; the trainer's spec follows them.
+    args += (state_identity(target), target.legacy_state_path, target.checkpoint_dir or "", *trainer_spec(target, command))
     # Recorded while it runs, so a retry or the next recovery can tell a launch still under way from a lost one.
     launch = tracked(target, script(LAUNCH, *args, label="launch trainer in tmux", timeout_seconds=2 * PID_WAIT_SECONDS + 30))
     return launch, command
 
 
 def pick_checkpoint(target: Target, listing: str | None, before_step: int | None = None) -> Choice:
-    """The newest usable checkpoint from the host's listing, or none, with the reason either way."""
+    """The newest usable checkpoint from the host's listing, or none, with the reason either way.
+
+    Raises CheckpointUnusable where starting from scratch (or from a guess) could lose work: a folder with
+    names but nothing usable, a tracker naming what is not there, a loader that would take a ruled-out one.
+    """
     if listing is None:
         return Choice(why="no checkpoint_dir configured: starting from scratch")
-    head, _, records = listing.partition("\n")
-    if head.strip() == "missing":
+    found = read_listing(listing)
+    if not found.present:
         return Choice(why=f"checkpoint_dir {target.checkpoint_dir} does not exist: starting from scratch")
-    refused = {(int(m), name) for m, _, name in (r[2:].partition(" ") for r in records.split("\0") if r.startswith("S ")) if m.isdigit()}
-    return choose(parse_listing(records), refused=refused, before_step=before_step)
+    choice = choose(
+        found.entries,
+        refused=found.refused,
+        before_step=before_step,
+        links=found.links,
+        contents=found.contents,
+        run=found.run,
+        resume_from=target.resume_from,
+    )
+    if choice.escalate:
+        raise CheckpointUnusable(
+            target.host.label,
+            f"list checkpoints {target.checkpoint_dir}",
+            target.checkpoint_dir or "",
+            choice.escalate,
+            choice.skipped,
+            _advice(target, choice),
+        )
+    return choice
+
+
+def check_resumable(target: Target, before_step: int | None = None) -> None:
+    """Raise CheckpointUnusable when the launch would refuse the checkpoint folder; reads only.
+
+    Asked before a recovery stops a live run: a folder with nothing usable escalates while the run still runs."""
+    listing = plan_list_checkpoints(target)
+    if listing:
+        pick_checkpoint(target, execute(target, listing).stdout, before_step)
+
+
+def _advice(target: Target, choice: Choice) -> str:
+    if choice.blocked_by == "nothing_usable":
+        return (
+            f"tell relaunch how to resume: set resume_arg so it names the checkpoint your trainer loads (resume_from: folder if "
+            f"it takes {target.checkpoint_dir} and finds its own), or move the names above that are no checkpoint out of "
+            "checkpoint_dir; to start from scratch on purpose, empty checkpoint_dir (move its contents elsewhere), then recover again"
+        )
+    if choice.blocked_by == "tracker":
+        return (
+            "look at the tracker named above: make it name a complete checkpoint in checkpoint_dir (or move it and the unfinished "
+            "saves it does not cover out of checkpoint_dir), then recover again; relaunch never guesses what the framework would load"
+        )
+    return (
+        "move the checkpoint the loader would take out of checkpoint_dir (or fix its tracker) so that it takes the one relaunch "
+        "chose, or set resume_from: entry with a resume_arg that names one checkpoint; then recover again"
+    )
 
 
 def describe(choice: Choice) -> str:
+    """One line for the run record and the log: the choice, why, what tracker said so, and what was skipped."""
     skipped = f"; skipped {len(choice.skipped)}: " + ", ".join(choice.skipped[:5]) if choice.skipped else ""
     return (f"{choice.name}: " if choice.name else "") + choice.why + skipped
 
@@ -74,9 +140,7 @@ def launch(
             log().warning("%s: %s", target.name, describe(choice))
         checkpoint = f"{target.checkpoint_dir}/{choice.name}" if choice.name else None
         command, text = plan_launch(target, run_id, checkpoint)
-        out = execute(
-            target, command, advice="another trainer may be running, a venv or cache is half-built, or tmux failed: see the output"
-        ).stdout.split()
+        out = execute(target, command, advice=LAUNCH_ADVICE).stdout.split()
         pid = int(out[0]) if out and out[0].isdigit() else None
         adopted = "adopted" in out
         if adopted:

@@ -1,4 +1,10 @@
-"""Step 4: save what the restore would drop as a patch, then restore the paths to the known-good ref."""
+"""Step 4: save what the restore would drop as a patch, then restore the paths to the known-good ref.
+
+A repo in the middle of a rebase, merge, cherry-pick, revert or `git am` is refused, named (which operation,
+which files conflict), with what to do: checking the paths out would silently reset a conflicted file to the
+ref. `check_restorable` asks the same question without writing anything, so a recovery can ask it before
+it stops the run.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,30 @@ from relaunch.steps import RestoreDetail, Step, StepRecord
 from tasks.common import execute, step_task, timed
 
 RESTORE = host_script("restore")
+# restore.sh's exit when the repo is mid-operation or holds unmerged files.
+MID_OPERATION_EXIT = 40
+ADVICE = "see the output: finish or abort the git operation in progress (or resolve the conflicts), or check the repo; nothing was restored"
 
 
-def plan_restore(target: Target, stamp: str | None = None) -> Command:
+def plan_restore(target: Target, stamp: str | None = None, check_only: bool = False) -> Command:
     stamp = stamp or utc_stamp()
     patch = f"{target.state_path}/patches/{stamp}-restore.patch"
-    return script(RESTORE, target.repo_dir, target.known_good_ref, patch, *target.restore_paths, label="git restore", timeout_seconds=120)
+    return script(
+        RESTORE,
+        "check" if check_only else "restore",
+        target.repo_dir,
+        target.known_good_ref,
+        patch,
+        *target.restore_paths,
+        label="check the repo can be restored" if check_only else "git restore",
+        timeout_seconds=120,
+    )
+
+
+def check_restorable(target: Target) -> None:
+    """Raise CommandFailed (exit 40, the operation and conflicted files named) when restore_code would refuse; reads only."""
+    if target.restore_paths:
+        execute(target, plan_restore(target, check_only=True), advice=ADVICE)
 
 
 @step_task("restore_code")
@@ -25,7 +49,7 @@ def restore_code(target: Target) -> StepRecord:
         if not target.restore_paths:
             detail.skipped = "no restore_paths configured"
         else:
-            out = execute(target, plan_restore(target), advice="check the repo on the host; nothing was restored").stdout
+            out = execute(target, plan_restore(target), advice=ADVICE).stdout
             fields = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
             detail = RestoreDetail(commit=fields.get("ref"), head=fields.get("head"), patch=fields.get("saved"), paths=target.restore_paths)
     return StepRecord(step=Step.RESTORE_CODE, seconds=clock.seconds, detail=detail)

@@ -83,8 +83,12 @@ def test_check_stop_and_logs_work_as_typed_from_a_plain_shell(home, tmp_path):
         stopped = typed(["stop", str(target)], home)
         assert stopped.returncode == 0 and "stopped (" in stopped.stdout
         assert not tmux_alive(t.tmux_session)
-        sick = typed(["check", str(target)], home)
-        assert sick.returncode == 1 and "crashed" in sick.stdout, "a stopped run is not healthy, and the check says so"
+        after = typed(["check", str(target)], home)
+        assert after.returncode == 0 and "stopped" in after.stdout, "a run a person stopped is said to be stopped on purpose, not crashed"
+        nightly = typed(["check", "--recover", str(target)], home)
+        assert nightly.returncode == 0 and "stopped" in nightly.stdout and not tmux_alive(t.tmux_session), (
+            "the nightly check leaves it stopped"
+        )
     finally:
         stop_all(t)
 

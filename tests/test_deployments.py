@@ -364,13 +364,21 @@ def outcomes(results: list[tuple[int, str, str]]) -> str:
     return "\n".join(lines)
 
 
-def test_the_demo_deployment_recovers_the_prepared_demo_target_as_deployed(plane):
+def run_demo_deployment(plane: ControlPlane) -> None:
+    """`recover-training/demo` through the worker, watched to its end: afterwards its trainer runs in relaunch-demo."""
     out = plane.prefect("deployment", "run", "recover-training/demo", "--watch", "--watch-timeout", "400", timeout=420)
     assert out.returncode == 0 and "Flow run finished successfully in 'Completed'" in out.stdout, out.stdout[-3000:]
     assert tmux_alive("relaunch-demo")
 
 
+def test_the_demo_deployment_recovers_the_prepared_demo_target_as_deployed(plane):
+    run_demo_deployment(plane)
+
+
 def test_serve_stops_its_worker_and_server_on_sigterm(plane):
+    # What serve.sh must stop besides its worker and server: a demo trainer a deployment launched. Its own, not the
+    # test before's: alone, that one never ran. (After it, the deployment finds the trainer healthy and leaves it.)
+    run_demo_deployment(plane)
     assert alive(plane.server_pid) and alive(plane.worker_pid)
     start = time.monotonic()
     code = plane.stop()

@@ -121,8 +121,10 @@ def test_a_warning_that_mentions_a_missing_module_is_not_a_missing_dependency():
 def test_exit_137_with_the_kernels_oom_line_is_host_oom_not_killed():
     lines = (LOGS / "cpu/host_oom_killed.log").read_text().splitlines()
     kernel = (LOGS / "cpu/host_oom_killed.dmesg").read_text().splitlines()
-    with_kernel = diagnose(HealthSnapshot(launched=True, exit_code=137, log_tail=lines, kernel_lines=kernel), T)
-    without = diagnose(HealthSnapshot(launched=True, exit_code=137, log_tail=lines), T)
+    # The captured kill names pid 5622, the trainer's own PID in that capture: the line decides only for that PID
+    # (issue 25: a kernel line about another process is not this run's cause).
+    with_kernel = diagnose(HealthSnapshot(launched=True, pid=5622, exit_code=137, log_tail=lines, kernel_lines=kernel), T)
+    without = diagnose(HealthSnapshot(launched=True, pid=5622, exit_code=137, log_tail=lines), T)
     assert (with_kernel.cause, without.cause) == (Cause.HOST_OOM_KILLED, Cause.KILLED)
 
 

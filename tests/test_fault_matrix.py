@@ -567,8 +567,8 @@ def test_recovering_twice_in_a_row_changes_nothing_the_second_time(made):
 
 @case(
     RESUMABLE,
-    "orchestrator (`relaunch recover`) SIGKILLed inside rebuild_venv, as a killed worker is: its process group dies, the import check it started runs on under `timeout` (venv marked `.relaunch-building`)",
-    "recover again: first stops the leftover by its recorded PID and group, then healthy, one trainer; the half-built venv is moved aside as `VENV.incomplete-*`, never used; the user's venv still kept",
+    "orchestrator (`relaunch recover`) SIGKILLed inside build_venv, as a killed worker is: its process group dies, the import check it started runs on under `timeout` (the venv built aside, `VENV.new-*`, marked `.relaunch-building`)",
+    "recover again: first stops the leftover by its recorded PID and group, then healthy, one trainer; the half-built venv is kept aside as `VENV.incomplete-*`, never used; the user's venv still kept",
 )
 def test_an_orchestrator_killed_while_rebuilding_the_venv_is_resumed_and_the_half_built_venv_is_never_used(made, tmp_path, api_url):
     t = made(import_check=["tinyjunk", "gate"])
@@ -579,10 +579,11 @@ def test_an_orchestrator_killed_while_rebuilding_the_venv_is_resumed_and_the_hal
         t,
         tmp_path / "kill",
         api_url,
-        lambda g: (g / "import-entered").exists() and (venv / BUILDING_MARKER).exists(),
-        "the import check inside rebuild_venv",
+        lambda g: (g / "import-entered").exists() and any((p / BUILDING_MARKER).exists() for p in venvs_beside(t, "new")),
+        "the import check inside build_venv",
     )
-    assert (venv / BUILDING_MARKER).exists() and Path(lock_path(t)).exists(), "killed mid-build, lock left behind"
+    assert [p for p in venvs_beside(t, "new") if (p / BUILDING_MARKER).exists()], "killed mid-build, the aside venv half-built"
+    assert (venv / "mine").exists() and Path(lock_path(t)).exists(), "the user's venv untouched by the build; lock left behind"
     orphans = leftovers(t)
     assert orphans, "the import check outlived the orchestrator, as it does when a worker is SIGKILLed"
     report = recover_training(t)
@@ -620,28 +621,30 @@ def test_an_orchestrator_killed_during_warm_up_is_resumed_with_a_fresh_cache(mad
 
 @case(
     RESUMABLE,
-    "a healthy run; `relaunch recover --force` SIGKILLed inside rebuild_venv (the trainer already stopped, the venv marked `.relaunch-building`)",
-    "the next `recover` sees the marker and rebuilds the venv before relaunching (not a plain relaunch onto the half-built venv): healthy, one trainer, the venv complete",
+    "a healthy run; `relaunch recover --force` SIGKILLed inside build_venv (the new venv half-built aside, the trainer not yet stopped)",
+    "the trainer runs on untouched; the next `recover` changes nothing; the next forced one keeps the half-built venv aside as `.incomplete-*` and ends healthy with one trainer",
 )
-def test_a_recovery_killed_mid_rebuild_from_a_healthy_run_is_finished_by_the_next_one(made, tmp_path, api_url):
+def test_a_forced_recovery_killed_mid_build_leaves_the_healthy_run_running(made, tmp_path, api_url):
     t = made(import_check=["tinyjunk", "gate"])
     commit(t, {"gate.py": GATE_PY})
     lived_in(t)
     assert recover_training(t).verdict is Verdict.HEALTHY
+    trainers = live_trainers(t)
     venv = Path(t.venv_dir)
     kill_orchestrator_when(
         t,
         tmp_path / "kill",
         api_url,
-        lambda g: (g / "import-entered").exists() and (venv / BUILDING_MARKER).exists(),
-        "the import check inside rebuild_venv",
+        lambda g: (g / "import-entered").exists() and any((p / BUILDING_MARKER).exists() for p in venvs_beside(t, "new")),
+        "the import check inside build_venv",
         "--force",
     )
-    assert not live_trainers(t), "the forced recovery had stopped the trainer"
-    report = recover_training(t)
-    first = report.attempts[0]
-    assert "interrupted during rebuild_venv" in first.why and "rebuild_venv" in [s.step for s in first.steps], report.timeline()
-    assert report.verdict is Verdict.HEALTHY and not (venv / BUILDING_MARKER).exists()
+    assert live_trainers(t) == trainers, "the build runs aside before the stop: the healthy trainer was never stopped"
+    calm = recover_training(t)
+    assert [a.action for a in calm.attempts] == [Action.NONE] and live_trainers(t) == trainers, calm.timeline()
+    report = recover_training(t, force=True)
+    assert report.verdict is Verdict.HEALTHY and not (venv / BUILDING_MARKER).exists(), report.timeline()
+    assert len(venvs_beside(t, "incomplete")) == 1, "the half-built venv is kept aside, never used"
     assert len(live_trainers(t)) == 1 and len(live_supervisor_groups(t)) == 1
 
 

@@ -32,8 +32,10 @@ def recorded_run(tmp_path: Path, log: Path, exit_code: int | None, running: bool
         lock_file="x",
         launch_command="true",
         log_dir=str(tmp_path / "logs"),
+        state_dir=str(tmp_path / "state"),
         tmux_session=f"replay-{tmp_path.name}",
     )
+    Path(target.log_dir).mkdir(parents=True, exist_ok=True)
     run = Path(target.state_path) / "runs" / "r1"
     run.mkdir(parents=True)
     copy = Path(target.log_dir) / "r1.log"

@@ -176,7 +176,7 @@ def test_a_connection_dropped_mid_rebuild_stops_the_first_install_and_leaves_a_u
     try:
         with recovering(target) as report:
             held = drop_link_while_held(host, target, "uv-pip-sync", "uv pip sync to start on the host")
-            wait_for(lambda: retrying(target, "rebuild_venv"), 60, "Prefect to give the dropped rebuild up and schedule a retry")
+            wait_for(lambda: retrying(target, "build_venv"), 60, "Prefect to give the dropped rebuild up and schedule a retry")
             host.up(0)
             result = report()
         assert result.verdict is Verdict.HEALTHY, result.timeline()

@@ -228,24 +228,31 @@ def test_a_recovery_that_escalates_fails_its_flow_run_emits_the_event_and_the_we
 
 
 def test_a_failed_nightly_check_is_told_with_its_one_line_state_message(server, receiver, tmp_path):
-    target = shell_target(tmp_path, name="nightly", env={"EXIT_AT": "2", "EXIT_CODE": "7"})
+    target = shell_target(tmp_path / "nightly", name="nightly", env={"EXIT_AT": "2", "EXIT_CODE": "7"})
     spec = write_target(target, tmp_path / "target.yaml")
+    # The same check of another crashed target without the tag: a Failed check that is not a nightly one.
+    daytime = shell_target(tmp_path / "daytime", name="daytime", env={"EXIT_AT": "2", "EXIT_CODE": "7"})
+    daytime_spec = write_target(daytime, tmp_path / "daytime.yaml")
     # A flow run tagged `nightly`, as the nightly deployment's runs are; recover=False: the check finds it crashed.
+    # The untagged one first: by the time the nightly message arrives, a message for it would have been sent too.
     script = (
         "import sys, yaml\n"
         "from prefect import tags\n"
         "from flows.check import check_training\n"
         "from relaunch.config import Target\n"
-        "target = Target.model_validate(yaml.safe_load(open(sys.argv[1])))\n"
+        "nightly, daytime = (Target.model_validate(yaml.safe_load(open(p))) for p in sys.argv[1:3])\n"
+        "untagged = check_training(daytime, recover=False, return_state=True)\n"
         "with tags('nightly'):\n"
-        "    state = check_training(target, recover=False, return_state=True)\n"
-        "sys.exit(0 if state.is_failed() else 4)\n"
+        "    state = check_training(nightly, recover=False, return_state=True)\n"
+        "sys.exit(0 if state.is_failed() and untagged.is_failed() else 4)\n"
     )
     try:
-        launch.fn(target, 1)
-        wait_for_exit(target)
+        for t in (target, daytime):
+            launch.fn(t, 1)
+        for t in (target, daytime):
+            wait_for_exit(t)
         out = subprocess.run(
-            [sys.executable, "-c", script, str(spec)],
+            [sys.executable, "-c", script, str(spec), str(daytime_spec)],
             cwd=ROOT,
             env=cli_env(tmp_path / "cli-home", server.api_url),
             capture_output=True,
@@ -253,16 +260,17 @@ def test_a_failed_nightly_check_is_told_with_its_one_line_state_message(server, 
             timeout=180,
         )
     finally:
-        stop_all(target)
-    assert out.returncode == 0, f"the check did not end Failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        stop_all(target, daytime)
+    assert out.returncode == 0, f"the checks did not both end Failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
 
     run = flow_run_named(server, "check-nightly")
     assert run.state.is_failed() and "nightly" in run.tags
     message = receiver.wait(lambda m: "check-nightly" in m["subject"], 60, "the failed-nightly-check message")
     assert message["subject"] == "relaunch: nightly check check-nightly Failed"
     assert run.state.message in message["body"] and "nightly on local: crashed" in message["body"], message["body"]
-    # The escalated recovery of the test before is a failed flow run too, but not a nightly check: never told as one.
-    assert not [m for m in receiver.messages if m["subject"].startswith("relaunch: nightly check recover-")]
+    # This test's own untagged check failed too, before it, but is not a nightly check: never told as one.
+    assert flow_run_named(server, "check-daytime").state.is_failed()
+    assert not [m for m in receiver.messages if "check-daytime" in m["subject"]], receiver.messages
 
 
 def test_running_the_sync_twice_leaves_one_automation_of_each_name_and_keeps_a_persons_pause(server, receiver):

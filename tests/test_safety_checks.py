@@ -104,9 +104,9 @@ def test_the_move_aside_listing_keeps_names_with_newlines_whole():
 @pytest.mark.parametrize(
     ("action", "unfinished", "steps"),
     [
-        (Action.RELAUNCH, ["rebuild_venv"], "stop rebuild_venv launch"),
+        (Action.RELAUNCH, ["rebuild_venv"], "build_venv stop rebuild_venv launch"),
         (Action.RELAUNCH, ["warm_cache"], "stop warm_cache launch"),
-        (Action.INSTALL_AND_RELAUNCH, ["rebuild_venv", "warm_cache"], "stop rebuild_venv install_package warm_cache launch"),
+        (Action.INSTALL_AND_RELAUNCH, ["rebuild_venv", "warm_cache"], "build_venv stop rebuild_venv install_package warm_cache launch"),
         (Action.REWARM_AND_RELAUNCH, ["warm_cache"], "stop restore_code warm_cache launch"),
         (Action.RELAUNCH, [], "stop launch"),
         (Action.NONE, ["warm_cache"], ""),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -174,12 +176,17 @@ def test_a_relaunch_that_exits_normally_leaves_no_temporary_prefect_server(runs:
 
 
 def test_a_configured_prefect_api_url_means_relaunch_starts_no_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_process(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a server process was started")
+    started: list[tuple[object, ...]] = []
 
-    monkeypatch.setattr(subprocess, "Popen", no_process)
+    def recording_popen(*args: object, **kwargs: object) -> None:
+        started.append(args)
+        # start_for_cli turns any error into a warning, so raising cannot fail the test: the record does.
+        raise OSError("recorded by the test, not started")
+
+    monkeypatch.setattr(subprocess, "Popen", recording_popen)
     env = {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}
     assert start_for_cli(["recover", "t.yaml"], env) is None
+    assert started == [], f"a server process was started: {started}"
     assert env == {"PREFECT_API_URL": "http://127.0.0.1:4200/api"}
 
 
@@ -213,3 +220,97 @@ def test_with_prefects_ephemeral_mode_off_relaunch_starts_no_server_either(tmp_p
 def _env_without_prefect_server(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH")}
     return {**env, **extra}
+
+
+# Run under `unshare -n` (a network namespace of its own, so 127.0.0.1:4200 is this test's alone, whatever else
+# runs on the machine): a web server on 127.0.0.1:4200 answering /api/health with `true` as a Prefect server
+# does, run by OWNER ("me", or "nobody": uid 65534, another person), then the CLI command given; its exit code.
+_ON_PORT_4200 = """
+import os, subprocess, sys, time
+owner, python, www, log, *cli = sys.argv[1:]
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+serve = [python, "-m", "http.server", "4200", "--bind", "127.0.0.1", "--directory", www]
+if owner == "nobody":
+    serve = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *serve]
+with open(log, "wb") as out:
+    server = subprocess.Popen(serve, stdout=out, stderr=subprocess.STDOUT)
+try:
+    deadline = time.monotonic() + 60
+    # Listening, as `ss` sees it: no connection is made to it before the CLI's.
+    while not subprocess.run(["ss", "-Hltn", "sport = :4200"], capture_output=True, text=True).stdout.strip():
+        if server.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"the server on 4200 did not start (exit {server.poll()}): {open(log).read()}")
+        time.sleep(0.05)
+    sys.exit(subprocess.run(cli).returncode)
+finally:
+    server.terminate()
+    server.wait()
+"""
+
+
+def _can_unshare_net() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+def _python_for_nobody() -> str | None:
+    """An interpreter uid 65534 may run (this venv's may sit under a home it cannot enter)."""
+    for python in (sys.executable, "/usr/bin/python3"):
+        probe = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", "pass"]
+        if Path(python).exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+def _cannot_run_here(why: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def _cli_beside_a_server_on_4200(tmp_path: Path, owner: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """`relaunch check` on a never-launched target with nothing configured, a server of OWNER on 127.0.0.1:4200.
+    The CLI's result, and the server's request log."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or not _can_unshare_net():
+        _cannot_run_here("needs root, setpriv and `unshare -n` (a network namespace) to stand in another user's server on 4200")
+    python = sys.executable if owner == "me" else _python_for_nobody()
+    if python is None:
+        _cannot_run_here("no Python that uid 65534 can run (this venv's is under a home it cannot enter; install python3)")
+    # Outside pytest's folders (mode 700, closed to uid 65534), so that its server does answer like a Prefect one.
+    www = Path(tempfile.mkdtemp(prefix="relaunch-4200-", dir="/tmp"))
+    (www / "api").mkdir()
+    (www / "api" / "health").write_text("true")
+    www.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    target = shell_target(tmp_path / "t", name="found")
+    spec = tmp_path / "target.yaml"
+    spec.write_text(yaml.safe_dump(target.model_dump(mode="json"), sort_keys=False))
+    log = tmp_path / "server-4200.log"
+    # Nothing configured: no PREFECT_API_URL, a Prefect home of its own, a working folder without settings files.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update({"PREFECT_HOME": str(home / ".prefect"), "RELAUNCH_AGENT": "off", "DO_NOT_TRACK": "1"})
+    args = [sys.executable, "-c", _ON_PORT_4200, owner, python, str(www), str(log), RELAUNCH, "check", str(spec)]
+    try:
+        result = subprocess.run(["unshare", "-n", *args], env=env, cwd=home, capture_output=True, text=True, timeout=BOOT_SECONDS)
+    finally:
+        shutil.rmtree(www)
+    return result, log.read_text(errors="replace")
+
+
+def test_a_prefect_server_of_this_user_on_port_4200_is_used(tmp_path: Path) -> None:
+    result, requests = _cli_beside_a_server_on_4200(tmp_path, "me")
+    assert "relaunch: using your Prefect server at http://127.0.0.1:4200/api" in result.stderr, result.stderr[-3000:]
+    # Beyond relaunch's own /health probe, Prefect's client sent its requests there (a web server, not a Prefect
+    # API, answers them 404: the command then fails, which is not what this test is about).
+    asked = [line for line in requests.splitlines() if '"GET /' in line or '"POST /' in line]
+    assert any("/api/health" in line for line in asked) and any("/api/health" not in line for line in asked), requests
+
+
+def test_a_server_of_another_user_on_port_4200_is_never_used_and_the_cli_says_how_to_configure_one(tmp_path: Path) -> None:
+    result, requests = _cli_beside_a_server_on_4200(tmp_path, "nobody")
+    note = f"relaunch: not using the server on 127.0.0.1:4200, owned by uid 65534, not by you (uid {os.getuid()})"
+    assert result.stderr.count(note) == 1, result.stderr[-3000:]
+    assert "export PREFECT_API_URL=http://HOST:PORT/api" in result.stderr, result.stderr[-3000:]
+    assert "HTTP/1." not in requests, f"the other user's server was asked something:\n{requests}"
+    # The check ran, on the temporary server of its own: a verdict on the never-launched target.
+    assert "verdict:" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]

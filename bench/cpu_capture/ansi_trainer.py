@@ -7,9 +7,10 @@ import contextlib
 import io
 
 import torch
-from _steps import step_line
 from rich.console import Console
 from rich.traceback import install
+
+from _steps import step_line
 
 out = Console(force_terminal=True, color_system="256", width=240, soft_wrap=True)
 install(console=Console(stderr=True, force_terminal=True, color_system="256", width=120), show_locals=False)

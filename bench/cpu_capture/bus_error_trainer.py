@@ -6,8 +6,9 @@ cannot be had. Usage: python -u bus_error_trainer.py [MIB_PER_SAMPLE]
 import sys
 
 import torch
-from _steps import step_line
 from torch.utils.data import DataLoader, Dataset
+
+from _steps import step_line
 
 mib = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 

@@ -9,6 +9,7 @@ import os
 import sys
 
 import torch
+
 from _steps import step_line
 
 mode, out = sys.argv[1], sys.argv[2]

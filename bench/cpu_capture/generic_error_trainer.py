@@ -1,7 +1,7 @@
 """Training loop whose dataset returns a sample without the key the collate step needs."""
 import torch
-from _steps import step_line
 from torch.utils.data import DataLoader, Dataset
+from _steps import step_line
 
 
 class Shards(Dataset):

@@ -1,7 +1,6 @@
 """Training-like loop that leaks ~50 MB per step until the cgroup OOM killer fires."""
 import sys
 import time
-
 from _steps import step_line
 
 held = []

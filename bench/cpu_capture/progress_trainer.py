@@ -11,8 +11,9 @@ import sys
 import time
 
 import torch
-from _steps import step_line
 from tqdm import tqdm
+
+from _steps import step_line
 
 
 def step_text(step: int) -> str:

@@ -8,6 +8,7 @@ import os
 import sys
 
 import torch
+
 from _steps import step_line
 
 how = sys.argv[1] if len(sys.argv) > 1 else "segv"

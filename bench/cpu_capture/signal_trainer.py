@@ -2,7 +2,6 @@
 import os
 import sys
 import time
-
 from _steps import step_line
 
 with open(sys.argv[1], "w") as f:

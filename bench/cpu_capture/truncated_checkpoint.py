@@ -7,6 +7,7 @@ import os
 import sys
 
 import torch
+
 from _steps import step_line
 
 mode, path = sys.argv[1], sys.argv[2]

@@ -10,6 +10,7 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from _steps import step_line
 
 

@@ -3,6 +3,7 @@ torch.OutOfMemoryError is raised (uncaught)."""
 import time
 
 import torch
+
 from _steps import step_line
 
 dev = "cuda"

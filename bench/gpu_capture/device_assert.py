@@ -8,6 +8,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+
 from _steps import step_line
 
 p = argparse.ArgumentParser()

@@ -5,8 +5,9 @@ import json
 import time
 
 import torch
-from _steps import step_line
 from torch.nn.attention.flex_attention import flex_attention
+
+from _steps import step_line
 
 p = argparse.ArgumentParser()
 p.add_argument("--compile", action="store_true")

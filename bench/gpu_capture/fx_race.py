@@ -7,8 +7,9 @@ import time
 
 import torch
 import torch.nn as nn
-from _steps import step_line
 from torch.nn.attention.flex_attention import flex_attention
+
+from _steps import step_line
 
 B, H, S, D = 4, 16, 4096, 64
 N_WORKERS, ITERS = 3, 400

@@ -8,6 +8,7 @@ import time
 import torch
 import triton
 import triton.language as tl
+
 from _steps import step_line
 
 

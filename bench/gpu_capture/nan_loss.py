@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from _steps import step_line
 
 p = argparse.ArgumentParser()

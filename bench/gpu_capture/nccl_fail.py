@@ -13,6 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from _steps import step_line
 
 

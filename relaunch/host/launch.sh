@@ -1,13 +1,30 @@
 #!/usr/bin/env bash
 # shellcheck shell=bash
 # Refuse to launch beside a live trainer or onto a half-built venv or cache; start the launcher in tmux.
+# Arguments: STATE SESSION RUN_ID LOG SUPERVISOR_TEXT LAUNCHER_TEXT WAIT_S VENV CACHE CHECKPOINT IDENTITY
+#   LEGACY_STATE CHECKPOINT_DIR, then the trainer's spec (repo, venv bin, command, KEY=VALUE...). IDENTITY is
+#   "name repo_dir tmux_session" (claim_state); LEGACY_STATE the older state folder whose marked runs still count
+#   as this target's; CHECKPOINT_DIR may be empty (none configured).
+# Prints the trainer's "PID STARTTIME" (or "adopted" after it, for a retry of this very launch). Exit codes:
+#   10 the recorded trainer of the current run is alive       11 the tmux session exists
+#   12 a folder could not be made                             13 tmux could not start the session
+#   14 no PID recorded in time                                15 the venv is half-built (.relaunch-building)
+#   16 the compile cache is half-warmed (.relaunch-warming)   17 another launch holds the lock
+#   18 a live process carries this target's marker (RELAUNCH_TARGET, or a RELAUNCH_RUN of its state or legacy state)
+#   19 a live process has files open under checkpoint_dir (a trainer started by hand writes the same checkpoints)
+#   20 the state folder belongs to another target (STATE/target)
 # shellcheck source=lib.sh
 . ./lib.sh
-state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7 venv=$8 cache=$9 checkpoint=${10}; shift 10
+state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7 venv=$8 cache=$9 checkpoint=${10}
+identity=${11} legacy_state=${12} checkpoint_dir=${13}; shift 13
+# A marker in our own environment (relaunch run from inside a trainer) must not make the processes we start
+# look like a trainer to the checks below. /proc/$$/environ keeps them regardless: $$ is left out by PID.
+unset RELAUNCH_RUN RELAUNCH_TARGET
 # One launch at a time: a retry after a dropped connection may start while the first try still runs here.
 mkdir -p "$state" || exit 12
 exec 9>>"$state/launch.lock"
 flock -w "${wait_s%.*}" 9 || { echo "another launch holds $state/launch.lock for over ${wait_s}s: refusing to start a second trainer"; exit 17; }
+claim_state "$state" "$identity"
 wait_for_pid() {
   local end; end=$(( SECONDS + ${wait_s%.*} ))  # SECONDS: no `date` process per 10 ms look
   until [ -e "$1/pid" ] || [ -e "$1/exit_code" ]; do
@@ -27,6 +44,25 @@ if [ -n "$cur" ]; then
   read_pid "$(run_folder "$state" "$cur")/pid" pid pstart
   if alive "$pid" "$pstart"; then echo "trainer of run $cur is alive (PID $pid): refusing to start a second one"; exit 10; fi
 fi
+# A trainer of this target that relaunch no longer records (an older run's, one that outlived its session and was
+# then replaced, one of the legacy state folder) still carries its marker: a second trainer must not start beside it.
+others() { local p; while read -r p; do [ "$p" = "$$" ] || echo "$p"; done; }
+mapfile -t marked < <(target_marked_pids "$state" "$state" "$legacy_state" | others)
+if [ ${#marked[@]} -gt 0 ]; then
+  echo "live processes carry this target's marker (RELAUNCH_TARGET=$state, or a RELAUNCH_RUN under $state/runs/ or $legacy_state/runs/): a trainer of this target runs; refusing to start a second one:"
+  describe_pids "${marked[@]}"
+  echo "stop them first (kill PID, after checking each is this target's), or adopt the run instead of launching; then launch again"
+  exit 18
+fi
+if [ -n "$checkpoint_dir" ] && [ -d "$checkpoint_dir" ]; then
+  mapfile -t writers < <(pids_with_files_under "$checkpoint_dir" | others)
+  if [ ${#writers[@]} -gt 0 ]; then
+    echo "live processes have files open under checkpoint_dir $checkpoint_dir: a trainer started by hand would write the same checkpoint files; refusing to start a second one:"
+    describe_pids "${writers[@]}"
+    echo "stop that trainer (or wait for the program reading the checkpoints to finish), then launch again"
+    exit 19
+  fi
+fi
 if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
 [ -e "$venv/.relaunch-building" ] && { echo "venv $venv is half-built (.relaunch-building): rebuild it before launching"; exit 15; }
 [ -e "$cache/.relaunch-warming" ] && { echo "compile cache $cache is half-warmed (.relaunch-warming): warm it again before launching"; exit 16; }
@@ -42,6 +78,15 @@ printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$s
 # Several arguments: tmux runs them directly, with no shell in between to quote for.
 # 9>&-: the lock is the launch's alone; a tmux server or trainer inheriting it would hold it for the whole run.
 # env -u: a pane takes the tmux server's environment, which is that of whatever first started the server; a
-# RELAUNCH_RUN there (a server started from inside a trainer) would mark this pane as another run's process.
-tmux new-session -d -s "$session" -x 220 -y 50 env -u RELAUNCH_RUN bash "$run/launcher.sh" "$run" 9>&- || exit 13
+# RELAUNCH_RUN or RELAUNCH_TARGET there (a server started from inside a trainer) would mark this pane as another run's process.
+tmux new-session -d -s "$session" -x 220 -y 50 env -u RELAUNCH_RUN -u RELAUNCH_TARGET bash "$run/launcher.sh" "$run" 9>&- || exit 13
+# The pane that is this run's, so that a stop ends exactly it (a window the user opened beside it is not ours).
+# `=NAME:`: tmux 3.3 reads a bare `=NAME` as a pane target to nothing (empty output, exit 0).
+read -r pane_pid pane_id < <(tmux display-message -p -t "=$session:" '#{pane_pid} #{pane_id}' 2>/dev/null)
+if [ -n "${pane_pid-}" ]; then
+  record_pid "$pane_pid" "$run/pane"
+  printf '%s\n' "$pane_id" > "$run/pane_id.tmp" && mv -f "$run/pane_id.tmp" "$run/pane_id"
+fi
+# A launch ends a deliberate stop: the nightly check watches this run again.
+rm -f -- "$state/stopped"
 wait_for_pid "$run"

@@ -37,3 +37,62 @@ record_pid() { echo "$1 $(starttime "$1")" > "$2.tmp" && mv -f "$2.tmp" "$2"; }
 # into the trainer's environment; launchers like torchrun pass it on to ranks they start in sessions of their own).
 # One grep over every environment (NUL-separated entries, -z): not two processes per process on the host.
 marked_pids() { local f p; while IFS= read -r f; do p=${f#/proc/}; echo "${p%/environ}"; done < <(grep -lszxF -- "RELAUNCH_RUN=$1" /proc/[0-9]*/environ); return 0; }
+
+# Text quoted for grep's basic regular expressions (BRE): a path matched literally inside a pattern.
+bre_quote() { local s=$1 out='' c i; for ((i = 0; i < ${#s}; i++)); do c=${s:i:1}; case $c in '.' | '[' | '*' | '^' | '$' | "\\") out+="\\$c" ;; *) out+=$c ;; esac; done; printf '%s' "$out"; }
+# Text quoted for a find/fnmatch glob (-lname): a path matched literally, with a pattern after it.
+glob_quote() { local s=$1 out='' c i; for ((i = 0; i < ${#s}; i++)); do c=${s:i:1}; case $c in '*' | '?' | '[' | ']' | "\\") out+="\\$c" ;; *) out+=$c ;; esac; done; printf '%s' "$out"; }
+# Every live process carrying a marker of the target whose state folder is STATE: RELAUNCH_TARGET=STATE, or a
+# RELAUNCH_RUN naming a run folder under STATE/runs/ or under each further folder given (a legacy state folder,
+# whose runs were marked before RELAUNCH_TARGET existed). One grep over every environment, as marked_pids.
+target_marked_pids() {
+  local state=$1 s f p
+  local -a re=(-e "^RELAUNCH_TARGET=$(bre_quote "$state")\$")
+  for s in "$@"; do [ -n "$s" ] && re+=(-e "^RELAUNCH_RUN=$(bre_quote "$s")/runs/"); done
+  while IFS= read -r f; do p=${f#/proc/}; echo "${p%/environ}"; done < <(grep -lsz "${re[@]}" /proc/[0-9]*/environ)
+  return 0
+}
+# Every live process with a file open under DIR (as given, and as resolved: /proc shows resolved paths), one PID a
+# line: a trainer started by hand writes its checkpoints there. Unreadable fds (other users', not root) are skipped.
+pids_with_files_under() {
+  local d=${1%/} r
+  r=$(readlink -f -- "$d" 2> /dev/null) || r=$d
+  find /proc/[0-9]*/fd -lname "$(glob_quote "$d")/*" -o -lname "$(glob_quote "$r")/*" 2> /dev/null | cut -d/ -f3 | sort -un
+  return 0
+}
+# "  PID N: COMMAND LINE" for each live PID given: what a refusal names, so that a person can tell what it is.
+describe_pids() { local p a; for p in "$@"; do a=''; { a=$(tr '\0' ' ' < "/proc/$p/cmdline"); } 2> /dev/null; [ -n "$a" ] && echo "  PID $p: ${a% }"; done; return 0; }
+# The oldest live process among the PIDs given (by start time, then PID): the first process of a backgrounded trainer.
+oldest_pid() {
+  local p t best='' bt=''
+  for p in "$@"; do
+    starttime_into t "$p" || continue
+    if [ -z "$best" ] || [ "$t" -lt "$bt" ] || { [ "$t" = "$bt" ] && [ "$p" -lt "$best" ]; }; then best=$p bt=$t; fi
+  done
+  [ -n "$best" ] && echo "$best"
+}
+# Claim STATE for the target IDENTITY ("name repo_dir tmux_session", one line): STATE/target is written when absent
+# (by a hard link of a full file: a reader never sees it half-written); a state folder holding another target's
+# identity ends the calling script with exit 20. Two targets sharing a state folder would read, stop and relaunch
+# each other's trainers.
+# Prints the identity in STATE/target and succeeds when it is another target's (ID given, folder claimed, not by ID).
+# Polls and stops ask it first: a state folder of another target is never read as this one's, nor acted on.
+foreign_state() {
+  local held=''
+  [ -n "$2" ] && [ -e "$1/target" ] || return 1
+  slurp held "$1/target"
+  [ "$held" != "$2" ] && printf '%s\n' "${held:-unreadable: $1/target}"
+}
+claim_state() {
+  local state=$1 id=$2 held='' tmp
+  mkdir -p -- "$state" || { echo "cannot create the state folder $state"; exit 12; }
+  if [ ! -e "$state/target" ]; then
+    tmp=$state/.target.$$.tmp
+    printf '%s\n' "$id" > "$tmp" && { ln -- "$tmp" "$state/target" 2> /dev/null || [ -e "$state/target" ] || (set -C && cat -- "$tmp" > "$state/target") 2> /dev/null; }
+    rm -f -- "$tmp"
+  fi
+  slurp held "$state/target"
+  [ "$held" = "$id" ] && return 0
+  echo "state folder $state belongs to another target (${held:-unreadable: $state/target}), not to this one ($id): two targets sharing a state folder stop and relaunch each other's trainers. Give this target its own state_dir; if it is the same target renamed (name, repo_dir or tmux_session changed), check that no trainer of the old one runs and remove $state/target"
+  exit 20
+}

@@ -6,16 +6,21 @@
 # shellcheck source=lib.sh
 . ./lib.sh
 state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10} logdir=${11} ckpt=${12}
-wake=${13:-0}
+wake=${13:-0} identity=${14:-}
+if owner=$(foreign_state "$state" "$identity"); then
+  echo "@@relaunch-$nonce@@ state_owner $owner"
+  echo "@@relaunch-$nonce@@ end"
+  exit 0
+fi
 M="@@relaunch-$nonce@@"
 # What `grep -a -b -B 12 -m 30 -E RE LOG` prints, read incrementally so a poll costs the new bytes, not the
 # whole log: RUN/scan keeps how far the log was scanned (and for which words), RUN/scan_matches what was found.
 # A log that shrank, or other words, is scanned again from the start. Each new scan starts 64 KiB before the
 # last one ended so that a failure just after it keeps its 12 lines of context; lines already kept are dropped.
 scan_failures() {
-  local run=$1 log=$2 size=$3 re=$4 from=0 sum='' key start seen last sep
+  local run=$1 log=$2 size=$3 words=$4 from=0 sum='' key start seen last sep
   exec 8>> "$run/scan.lock" && flock -w 30 8
-  key=$(printf '%s' "$re" | cksum); key=${key%% *}
+  key=$(printf '%s' "$words" | cksum); key=${key%% *}
   { read -r from sum < "$run/scan"; } 2> /dev/null
   if [ "$sum" != "$key" ] || [ "${from:-0}" -gt "$size" ] || [ ! -f "$run/scan_matches" ]; then from=0; : > "$run/scan_matches"; fi
   seen=$(grep -c '^[0-9]*:' "$run/scan_matches")
@@ -23,7 +28,7 @@ scan_failures() {
     last=$(tail -n 1 "$run/scan_matches" | sed -n 's/^\([0-9]*\)[-:].*/\1/p')
     start=$(( from > 65536 ? from - 65536 : 0 )) sep=0
     [ -s "$run/scan_matches" ] && sep=1
-    tail -c +$((start + 1)) -- "$log" | head -c $((size - start)) | grep -a -b -B 12 -m 60 -E "$re" \
+    tail -c +$((start + 1)) -- "$log" | head -c $((size - start)) | grep -a -b -B 12 -m 60 -E "$words" \
       | awk -v base="$start" -v last="${last:--1}" -v sep="$sep" '
           match($0, /^[0-9]+[-:]/) {
             off = substr($0, 1, RLENGTH - 1) + base
@@ -37,18 +42,164 @@ scan_failures() {
   awk '/^[0-9]+:/ { if (++n > 30) exit } { print }' "$run/scan_matches"
   exec 8>&-
 }
+# --- panes and process trees (the same text in snapshot.sh and adopt.sh; tests/test_adopt.py keeps them equal) ---
+# Which panes of the target's session are the current run's, what runs in the others, and which log it writes.
+# Uses run_id, run, spid and the RUN/pane record (rpane rpane_start) of the script that holds it.
+declare -A KIDS=()
+tree_loaded=0
+# One `ps` per poll answers every question about children: not one process per process asked about.
+load_tree() {
+  local p pp
+  [ "$tree_loaded" = 1 ] && return 0
+  if command -v ps > /dev/null 2>&1; then
+    while read -r p pp; do KIDS[$pp]+=" $p"; done < <(ps -e -o pid=,ppid= 2> /dev/null)
+  else  # a container without procps: the parent is field 4 of /proc/PID/stat (after the command's parenthesis)
+    local s f
+    local -a st
+    for f in /proc/[0-9]*/stat; do
+      { read -r s < "$f"; } 2> /dev/null || continue
+      p=${f#/proc/} p=${p%/stat} s=${s##*) }
+      read -ra st <<< "$s"
+      KIDS[${st[1]}]+=" $p"
+    done
+  fi
+  tree_loaded=1
+}
+# DESC=every descendant of PID (not PID itself), parents before children.
+descendants() {
+  local -a queue=("$1")
+  local p k i=0
+  DESC=()
+  load_tree
+  while [ "$i" -lt "${#queue[@]}" ]; do
+    p=${queue[$i]} i=$((i + 1))
+    for k in ${KIDS[$p]-}; do DESC+=("$k") queue+=("$k"); done
+  done
+}
+# VAR=the command line of PID, its arguments joined by spaces (empty for a process that is gone).
+cmdline_into() { local -a a=(); { mapfile -d '' a < "/proc/$2/cmdline"; } 2> /dev/null; printf -v "$1" '%s' "${a[*]}"; }
+# A shell a person types into (tmux's default pane): no -c and no script to run. Its children are what was started.
+interactive_shell() {
+  local comm x
+  local -a a=()
+  { read -r comm < "/proc/$1/comm"; } 2> /dev/null || return 1
+  case $comm in bash | zsh | sh | dash | fish | ksh | mksh) ;; *) return 1 ;; esac
+  { mapfile -d '' a < "/proc/$1/cmdline"; } 2> /dev/null
+  for x in "${a[@]:1}"; do [[ $x == -* && $x != --* && $x == *c* ]] && return 1; [[ $x == -* ]] || return 1; done
+  return 0
+}
+# The current run's pane: the one RUN/pane names (PID and start time). A run launched before RUN/pane existed:
+# the pane that runs its launcher, or the `tail --pid=SUPERVISOR` the launcher became.
+ours_pane() {
+  local c
+  [ -n "$run_id" ] || return 1
+  if [ -e "$run/pane" ]; then [ "$1" = "$rpane" ] && alive "$1" "$rpane_start"; return; fi
+  cmdline_into c "$1"
+  [[ $c == *"$run/launcher.sh"* ]] && return 0
+  [ -n "$spid" ] && [[ " $c " == *" --pid=$spid "* ]]
+}
+# PANES=("PANEPID PANEID" ...) of session SESSION; OURS=1 when one of them is the current run's (then the
+# others are windows a person opened beside it, not a run of their own).
+read_panes() {
+  local line
+  PANES=() OURS=0
+  while read -r line; do
+    [ -n "$line" ] || continue
+    PANES+=("$line")
+    ours_pane "${line%% *}" && OURS=1
+  done < <(tmux list-panes -s -t "=$1" -F '#{pane_pid} #{pane_id}' 2> /dev/null)
+  return 0
+}
+# TOPS=what a person started in the pane whose process is PID: that process, or an interactive shell's children
+# (none for an idle shell: nothing was started).
+pane_tops() {
+  local -a kids=()
+  TOPS=("$1")
+  interactive_shell "$1" || return 0
+  load_tree
+  read -ra kids <<< "${KIDS[$1]-}"
+  TOPS=("${kids[@]}")
+}
+# VAR=the file `tee` PID writes: its first file argument (resolved against its working folder) while tee has
+# that file open, else the first regular file it has open (the argument's file was renamed).
+tee_file_into() {
+  local -a a=()
+  local x cwd fd opts=1
+  { mapfile -d '' a < "/proc/$2/cmdline"; } 2> /dev/null
+  for x in "${a[@]:1}"; do
+    [ "$opts" = 1 ] && [ "$x" = -- ] && { opts=0; continue; }
+    [ "$opts" = 1 ] && [[ $x == -?* ]] && continue
+    [[ $x == /* ]] || { cwd=$(readlink "/proc/$2/cwd") && x=$cwd/$x; }
+    for fd in /proc/"$2"/fd/*; do [ -f "$fd" ] && [ "$fd" -ef "$x" ] && { printf -v "$1" '%s' "$x"; return 0; }; done
+    break
+  done
+  for fd in /proc/"$2"/fd/*; do
+    [ -f "$fd" ] && x=$(readlink "$fd") && [ -f "$x" ] && { printf -v "$1" '%s' "$x"; return 0; }
+  done
+  return 1
+}
+# LOGF=the log the processes of pane PID write, WRITER=the process writing it, HOW=how it was found: `tee` (a
+# tee's file) or `stdout` (a process whose standard output is a regular file). Fails when none is found.
+# shellcheck disable=SC2034  # WRITER and HOW are for the adoption; the poll reads LOGF only
+pane_log() {
+  local p comm f
+  LOGF='' WRITER='' HOW=''
+  descendants "$1"
+  for p in "$1" "${DESC[@]}"; do
+    comm=''
+    { read -r comm < "/proc/$p/comm"; } 2> /dev/null
+    [ "$comm" = tee ] && tee_file_into LOGF "$p" && { WRITER=$p HOW=tee; return 0; }
+  done
+  for p in "$1" "${DESC[@]}"; do
+    [ -f "/proc/$p/fd/1" ] && f=$(readlink "/proc/$p/fd/1") && [ -f "$f" ] && { LOGF=$f WRITER=$p HOW=stdout; return 0; }
+  done
+  return 1
+}
+# --- end of panes and process trees ---
+# LOG=the file the run's writer has open when its log was renamed under it (rotation by rename), and FOLLOWED
+# says so; kept in RUN/log_followed so that the poll after a death still reads the file the trainer wrote last.
+# The writer: RUN/log_writer_pid (the process relaunch or the adoption recorded as writing the log) or its
+# children (the supervisor's writer is a subshell whose `cat` holds the log), else, for an adopted run, the
+# trainer's standard output. `-ef` (no process) tells whether the record still names the file they write.
+follow_log() {
+  local w='' ws='' fd f k
+  local -a fds=()
+  followed=''
+  [ -n "$log" ] || return 0
+  if alive "$pid" "$pstart"; then
+    read_pid "$run/log_writer_pid" w ws
+    if alive "$w" "$ws"; then
+      load_tree
+      fds=("/proc/$w/fd/1" /proc/"$w"/fd/*)
+      for k in ${KIDS[$w]-}; do fds+=("/proc/$k/fd/1" /proc/"$k"/fd/*); done
+    elif [ -e "$run/adopted" ]; then
+      fds=("/proc/$pid/fd/1")
+    fi
+    for fd in "${fds[@]}"; do [ -f "$fd" ] && [ "$fd" -ef "$log" ] && { rm -f -- "$run/log_followed"; return 0; }; done
+    for fd in "${fds[@]}"; do
+      [ -f "$fd" ] && f=$(readlink "$fd") && [ -f "$f" ] && { followed=$f; break; }
+    done
+    [ -n "$followed" ] && [ -w "$run" ] && { printf '%s\n' "$followed" > "$run/log_followed"; } 2> /dev/null
+  else
+    slurp followed "$run/log_followed"
+    [ -n "$followed" ] && [ -f "$followed" ] || followed=''
+  fi
+  [ -n "$followed" ] && log=$followed
+  return 0
+}
 run_id=$(current_run "$state")
 run=$(run_folder "$state" "$run_id")
-pid='' pstart='' spid='' sstart='' t=0 log='' exit_code='' started='' checkpoint=''
+pid='' pstart='' spid='' sstart='' rpane='' rpane_start='' t=0 log='' exit_code='' started='' checkpoint='' stopped='' followed=''
 [ -n "$run_id" ] && read_pid "$run/pid" pid pstart
 [ -n "$run_id" ] && read_pid "$run/supervisor_pid" spid sstart
+[ -n "$run_id" ] && read_pid "$run/pane" rpane rpane_start
 now_us t; end=$(( t + wait_ms * 1000 ))
 # RUN/poll_mark is written (a redirection, no process) as each poll reads the log: a log newer than it (`-nt`,
 # no process either) was written after the last poll read it. A write in the same clock tick as the mark goes
 # unseen until the next one: a poll returns late then, never early. Not before 200 ms: a log written many times
 # a second makes at most five polls a second.
 ref='' log='' wake_from=$(( t + 200000 ))
-if [ "$wake" = 1 ] && [ -n "$run_id" ] && [ -f "$run/poll_mark" ]; then slurp log "$run/log_path"; ref=$run/poll_mark; fi
+if [ "$wake" = 1 ] && [ -n "$run_id" ] && [ -f "$run/poll_mark" ]; then slurp log "$run/log_path"; follow_log; ref=$run/poll_mark; fi
 while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && now_us t && [ "$t" -lt "$end" ]; do
   [ -n "$ref" ] && [ "$t" -ge "$wake_from" ] && [ "$log" -nt "$ref" ] && break
   nap 0.05
@@ -58,16 +209,57 @@ for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
   [ -e "$run/exit_code" ] && break; alive "$pid" "$pstart" && break; alive "$spid" "$sstart" || break; nap 0.05
 done
 slurp log "$run/log_path"; slurp exit_code "$run/exit_code"; slurp started "$run/started_at"; slurp checkpoint "$run/checkpoint"
+[ -n "$run_id" ] && follow_log
+slurp stopped "$state/stopped"
 now_us t; now="${t%??????}.${t: -6}"
 echo "$M run_id $run_id"
 echo "$M launched $([ -n "$run_id" ] && echo 1 || echo 0)"
-echo "$M session $(tmux has-session -t "=$session" 2>/dev/null && echo 1 || echo 0)"
+session_up=0
+tmux has-session -t "=$session" 2> /dev/null && session_up=1
+echo "$M session $session_up"
 echo "$M pid $pid"
 echo "$M pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
 echo "$M exit_code $exit_code"
 echo "$M started_at $started"
 echo "$M checkpoint $checkpoint"
 echo "$M now $now"
+echo "$M stopped_at $stopped"
+[ -n "$run_id" ] && [ -e "$run/adopted" ] && echo "$M adopted 1"
+[ -n "$followed" ] && echo "$M log_followed $followed"
+if alive "$pid" "$pstart"; then
+  # The run's whole tree, remembered across polls (RUN/tree): after a death the kernel's OOM lines about a
+  # DataLoader worker or a rank are its, and lines about any other process are not.
+  descendants "$pid"
+  declare -A known=()
+  { while read -r p; do known[$p]=1; done < "$run/tree"; } 2> /dev/null
+  fresh=()
+  for p in "$pid" "${DESC[@]}"; do [ -n "${known[$p]-}" ] || { known[$p]=1; fresh+=("$p"); }; done
+  [ ${#fresh[@]} -gt 0 ] && [ -w "$run" ] && { printf '%s\n' "${fresh[@]}" >> "$run/tree"; } 2> /dev/null
+  echo "$M tree"
+  if [ -f "$run/tree" ]; then tail -n 4096 -- "$run/tree"; else printf '%s\n' "${fresh[@]}"; fi
+  # A checkpoint being written is progress: the newest mtime in checkpoint_dir (a save may last minutes).
+  if [ -n "$ckpt" ] && [ -d "$ckpt" ]; then
+    echo "$M checkpoint_mtime $(find "$ckpt" -maxdepth 3 -printf '%T@\n' 2> /dev/null | awk '$1 > m { m = $1 } END { if (NR) printf "%s", m }')"
+  fi
+elif [ -n "$run_id" ] && [ -f "$run/tree" ]; then
+  echo "$M tree"
+  tail -n 4096 -- "$run/tree"
+fi
+# What runs in the target's session when none of its panes is the current run's: a run started (or restarted)
+# by hand, or a program that is no trainer. Reported, with the log it writes, never acted on here.
+if [ "$session_up" = 1 ]; then
+  read_panes "$session"
+  if [ "$OURS" = 0 ]; then
+    echo "$M foreign"
+    foreign_log=''
+    for line in "${PANES[@]}"; do
+      pane_tops "${line%% *}"
+      for p in "${TOPS[@]}"; do cmdline_into c "$p"; echo "$p ${c:0:300}"; done
+      [ ${#TOPS[@]} -gt 0 ] && [ -z "$foreign_log" ] && pane_log "${line%% *}" && foreign_log=$LOGF
+    done
+    [ -n "$foreign_log" ] && echo "$M foreign_log $foreign_log"
+  fi
+fi
 # A recovery that was killed mid-step leaves its marker behind: the next one must redo that step.
 unfinished=
 # A venv that is missing or still marked as building: a rebuild was cut short between its moves.
@@ -92,11 +284,14 @@ if [ "$want_kernel" = 1 ] && ! alive "$pid" "$pstart"; then
   # Containers often cannot read the kernel log: say so, so no one reads "no Xid line" as "no GPU fault".
   kernel=$(dmesg 2>/dev/null) && echo "$M kernel_readable 1" || echo "$M kernel_readable 0"
   echo "$M kernel"
-  # Only kernel lines since this launch: an older OOM kill or Xid on the host is not this run's cause.
-  since=$(awk -v now="$now" -v s="${started:-0}" '{printf "%.3f\n", s - (now - $1)}' /proc/uptime)
-  # A line without its own [stamp] continues the one before (drivers split "fallen off the bus" over lines).
-  printf '%s\n' "$kernel" | awk -v since="$since" '/^\[ *[0-9.]+\]/ { t = $0; sub(/^\[ */, "", t); split(t, a, "]"); at = a[1] + 0 } at >= since' \
-    | grep -E 'Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus|GPU is lost' | tail -n 16
+  # Only kernel lines since this run started: an older OOM kill or Xid on the host is not this run's cause, and
+  # with no start on record (no run) no line is known to be newer than the run.
+  if [ -n "$started" ]; then
+    since=$(awk -v now="$now" -v s="$started" '{printf "%.3f\n", s - (now - $1)}' /proc/uptime)
+    # A line without its own [stamp] continues the one before (drivers split "fallen off the bus" over lines).
+    printf '%s\n' "$kernel" | awk -v since="$since" '/^\[ *[0-9.]+\]/ { t = $0; sub(/^\[ */, "", t); split(t, a, "]"); at = a[1] + 0 } at >= since' \
+      | grep -E 'Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus|GPU is lost' | tail -n 16
+  fi
 fi
 if [ -n "$log" ] && [ -f "$log" ]; then
   [ -w "$run" ] && { : > "$run/poll_mark"; } 2> /dev/null

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# shellcheck shell=bash
+# Adopt a run a person started in the target's tmux session: record it as the current run (PIDs with start
+# times, its pane, its log), so that later polls judge it and later stops and recoveries treat it as relaunch's.
+# Nothing is signalled. $3: the log the run writes ('' : found from the pane's processes), $4: the target's
+# identity (STATE/target), $5: the new run id.
+# shellcheck source=lib.sh
+. ./lib.sh
+state=$1 session=$2 given=$3 identity=$4 new_id=$5 wait_s=${6:-30}
+# Exit codes: 12 a folder could not be made; 17 another launch or adoption holds the lock; 20 the state folder
+# belongs to another target (lib.sh claim_state); 21 the session is relaunch's own run; 22 a trainer of this
+# target recorded by relaunch is alive elsewhere; 23 no such tmux session; 24 no log found (name it: --log);
+# 25 the --log given is not a regular file; 26 nothing runs in the session (idle shells, or it ended meanwhile).
+# --- panes and process trees (the same text in snapshot.sh and adopt.sh; tests/test_adopt.py keeps them equal) ---
+# Which panes of the target's session are the current run's, what runs in the others, and which log it writes.
+# Uses run_id, run, spid and the RUN/pane record (rpane rpane_start) of the script that holds it.
+declare -A KIDS=()
+tree_loaded=0
+# One `ps` per poll answers every question about children: not one process per process asked about.
+load_tree() {
+  local p pp
+  [ "$tree_loaded" = 1 ] && return 0
+  if command -v ps > /dev/null 2>&1; then
+    while read -r p pp; do KIDS[$pp]+=" $p"; done < <(ps -e -o pid=,ppid= 2> /dev/null)
+  else  # a container without procps: the parent is field 4 of /proc/PID/stat (after the command's parenthesis)
+    local s f
+    local -a st
+    for f in /proc/[0-9]*/stat; do
+      { read -r s < "$f"; } 2> /dev/null || continue
+      p=${f#/proc/} p=${p%/stat} s=${s##*) }
+      read -ra st <<< "$s"
+      KIDS[${st[1]}]+=" $p"
+    done
+  fi
+  tree_loaded=1
+}
+# DESC=every descendant of PID (not PID itself), parents before children.
+descendants() {
+  local -a queue=("$1")
+  local p k i=0
+  DESC=()
+  load_tree
+  while [ "$i" -lt "${#queue[@]}" ]; do
+    p=${queue[$i]} i=$((i + 1))
+    for k in ${KIDS[$p]-}; do DESC+=("$k") queue+=("$k"); done
+  done
+}
+# VAR=the command line of PID, its arguments joined by spaces (empty for a process that is gone).
+cmdline_into() { local -a a=(); { mapfile -d '' a < "/proc/$2/cmdline"; } 2> /dev/null; printf -v "$1" '%s' "${a[*]}"; }
+# A shell a person types into (tmux's default pane): no -c and no script to run. Its children are what was started.
+interactive_shell() {
+  local comm x
+  local -a a=()
+  { read -r comm < "/proc/$1/comm"; } 2> /dev/null || return 1
+  case $comm in bash | zsh | sh | dash | fish | ksh | mksh) ;; *) return 1 ;; esac
+  { mapfile -d '' a < "/proc/$1/cmdline"; } 2> /dev/null
+  for x in "${a[@]:1}"; do [[ $x == -* && $x != --* && $x == *c* ]] && return 1; [[ $x == -* ]] || return 1; done
+  return 0
+}
+# The current run's pane: the one RUN/pane names (PID and start time). A run launched before RUN/pane existed:
+# the pane that runs its launcher, or the `tail --pid=SUPERVISOR` the launcher became.
+ours_pane() {
+  local c
+  [ -n "$run_id" ] || return 1
+  if [ -e "$run/pane" ]; then [ "$1" = "$rpane" ] && alive "$1" "$rpane_start"; return; fi
+  cmdline_into c "$1"
+  [[ $c == *"$run/launcher.sh"* ]] && return 0
+  [ -n "$spid" ] && [[ " $c " == *" --pid=$spid "* ]]
+}
+# PANES=("PANEPID PANEID" ...) of session SESSION; OURS=1 when one of them is the current run's (then the
+# others are windows a person opened beside it, not a run of their own).
+read_panes() {
+  local line
+  PANES=() OURS=0
+  while read -r line; do
+    [ -n "$line" ] || continue
+    PANES+=("$line")
+    ours_pane "${line%% *}" && OURS=1
+  done < <(tmux list-panes -s -t "=$1" -F '#{pane_pid} #{pane_id}' 2> /dev/null)
+  return 0
+}
+# TOPS=what a person started in the pane whose process is PID: that process, or an interactive shell's children
+# (none for an idle shell: nothing was started).
+pane_tops() {
+  local -a kids=()
+  TOPS=("$1")
+  interactive_shell "$1" || return 0
+  load_tree
+  read -ra kids <<< "${KIDS[$1]-}"
+  TOPS=("${kids[@]}")
+}
+# VAR=the file `tee` PID writes: its first file argument (resolved against its working folder) while tee has
+# that file open, else the first regular file it has open (the argument's file was renamed).
+tee_file_into() {
+  local -a a=()
+  local x cwd fd opts=1
+  { mapfile -d '' a < "/proc/$2/cmdline"; } 2> /dev/null
+  for x in "${a[@]:1}"; do
+    [ "$opts" = 1 ] && [ "$x" = -- ] && { opts=0; continue; }
+    [ "$opts" = 1 ] && [[ $x == -?* ]] && continue
+    [[ $x == /* ]] || { cwd=$(readlink "/proc/$2/cwd") && x=$cwd/$x; }
+    for fd in /proc/"$2"/fd/*; do [ -f "$fd" ] && [ "$fd" -ef "$x" ] && { printf -v "$1" '%s' "$x"; return 0; }; done
+    break
+  done
+  for fd in /proc/"$2"/fd/*; do
+    [ -f "$fd" ] && x=$(readlink "$fd") && [ -f "$x" ] && { printf -v "$1" '%s' "$x"; return 0; }
+  done
+  return 1
+}
+# LOGF=the log the processes of pane PID write, WRITER=the process writing it, HOW=how it was found: `tee` (a
+# tee's file) or `stdout` (a process whose standard output is a regular file). Fails when none is found.
+# shellcheck disable=SC2034  # WRITER and HOW are for the adoption; the poll reads LOGF only
+pane_log() {
+  local p comm f
+  LOGF='' WRITER='' HOW=''
+  descendants "$1"
+  for p in "$1" "${DESC[@]}"; do
+    comm=''
+    { read -r comm < "/proc/$p/comm"; } 2> /dev/null
+    [ "$comm" = tee ] && tee_file_into LOGF "$p" && { WRITER=$p HOW=tee; return 0; }
+  done
+  for p in "$1" "${DESC[@]}"; do
+    [ -f "/proc/$p/fd/1" ] && f=$(readlink "/proc/$p/fd/1") && [ -f "$f" ] && { LOGF=$f WRITER=$p HOW=stdout; return 0; }
+  done
+  return 1
+}
+# --- end of panes and process trees ---
+run_id='' run='' spid='' pid='' pstart='' rpane='' rpane_start=''
+if [ -n "$given" ]; then
+  [[ $given == /* ]] || given=$PWD/$given
+  [ -f "$given" ] || { echo "--log $given is not a regular file on this host: name the file the run writes its log to"; exit 25; }
+fi
+tmux has-session -t "=$session" 2> /dev/null || { echo "no tmux session $session on this host: nothing to adopt (is tmux_session right?)"; exit 23; }
+mkdir -p "$state" || exit 12
+# One launch or adoption at a time (launch.sh takes the same lock): never two runs recorded as current.
+exec 9>> "$state/launch.lock"
+flock -w "${wait_s%.*}" 9 || { echo "a launch or adoption holds $state/launch.lock for over ${wait_s}s: try again when it is done"; exit 17; }
+# Another target's state folder is refused before anything of it is read; it is claimed only by the adoption.
+[ -e "$state/target" ] && claim_state "$state" "$identity"
+run_id=$(current_run "$state") && run=$(run_folder "$state" "$run_id")
+if [ -n "$run_id" ]; then
+  read_pid "$run/pid" pid pstart
+  read_pid "$run/supervisor_pid" spid _
+  read_pid "$run/pane" rpane rpane_start
+fi
+read_panes "$session"
+[ "$OURS" = 1 ] && { echo "tmux session $session runs relaunch's own run $run_id: nothing to adopt"; exit 21; }
+if alive "$pid" "$pstart"; then
+  echo "the trainer of run $run_id (PID $pid) is alive outside tmux session $session: adopting the session's run would make two trainers of one target; stop one of them first"
+  exit 22
+fi
+# The pane to adopt: the one whose processes hold the given log open, else the first whose log can be found.
+pane='' pane_id='' trainer='' log='' how='' writer=''
+for line in "${PANES[@]}"; do
+  pane_tops "${line%% *}"
+  [ ${#TOPS[@]} -gt 0 ] || continue  # an idle shell: nothing was started in it
+  if [ -n "$given" ]; then
+    descendants "${line%% *}"
+    holder=''
+    for p in "${line%% *}" "${DESC[@]}"; do
+      for fd in /proc/"$p"/fd/*; do [ -f "$fd" ] && [ "$fd" -ef "$given" ] && { holder=$p; break 2; }; done
+    done
+    [ -n "$holder" ] || [ -z "$pane" ] || continue
+    pane=${line%% *} pane_id=${line#* } log=$given how=--log writer=$holder
+    [ -n "$holder" ] && break
+  elif pane_log "${line%% *}"; then
+    pane=${line%% *} pane_id=${line#* } log=$LOGF how=$HOW writer=$WRITER
+    break
+  fi
+done
+if [ -z "$pane" ]; then
+  what=''
+  for line in "${PANES[@]}"; do pane_tops "${line%% *}"; for p in "${TOPS[@]}"; do cmdline_into c "$p"; what="$what; $p ${c:0:120}"; done; done
+  [ -n "$what" ] || { echo "tmux session $session runs nothing but idle shells: nothing to adopt"; exit 26; }
+  echo "no log found for what runs in tmux session $session (${what#; }): no tee, no standard output to a file; if it is a training run, name its log: relaunch adopt TARGET --log PATH"
+  exit 24
+fi
+# The trainer: the pane's process, or what an interactive shell started there (not the tee beside it).
+pane_tops "$pane"
+trainer=${TOPS[0]}
+for p in "${TOPS[@]}"; do
+  comm=''
+  { read -r comm < "/proc/$p/comm"; } 2> /dev/null
+  [ "$comm" != tee ] && { trainer=$p; break; }
+done
+tstart='' pane_start='' trainer_cmd=''
+if ! starttime_into tstart "$trainer" || ! starttime_into pane_start "$pane"; then
+  echo "the run in tmux session $session (PID $trainer) ended while it was being adopted"
+  exit 26
+fi
+claim_state "$state" "$identity"
+run=$(run_folder "$state" "$new_id")
+mkdir -p "$run" || exit 12
+echo "$trainer $tstart" > "$run/pid"
+echo "$pane $pane_start" > "$run/pane"
+printf '%s\n' "$pane_id" > "$run/pane_id"
+printf '%s\n' "$log" > "$run/log_path"
+printf '%s\n' "$how" > "$run/adopted"
+: > "$run/checkpoint"
+[ -n "$writer" ] && record_pid "$writer" "$run/log_writer_pid"
+cmdline_into trainer_cmd "$trainer"
+printf '%s\n' "$trainer_cmd" > "$run/command"
+# When the process started, host clock: /proc/PID/stat's start (clock ticks since boot) plus the boot time.
+awk -v t="$tstart" -v hz="$(getconf CLK_TCK)" '/^btime / { printf "%.2f\n", $2 + t / hz }' /proc/stat > "$run/started_at"
+descendants "$trainer"
+printf '%s\n' "$trainer" "${DESC[@]}" > "$run/tree"
+printf '%s\n' "$new_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$state/current"
+rm -f -- "$state/stopped"
+echo "adopted $new_id"
+echo "pid $trainer"
+echo "pane $pane_id"
+echo "how $how"
+echo "log $log"
+echo "command ${trainer_cmd:0:300}"
