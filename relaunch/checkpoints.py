@@ -7,8 +7,9 @@ Three things can make the highest step the wrong one, and each is read from the 
 - a framework tracker names the newest *complete* save (Megatron's `latest_checkpointed_iteration.txt`,
   DeepSpeed's `latest` file, a `latest` link); anything of its series above it is a save that never finished;
 - a save still being written when a stop had to SIGKILL the trainer, or when a signal from outside killed it,
-  is cut short wherever it was: its newest write falls inside that death, and it is not taken unless a tracker
-  names it complete;
+  is cut short wherever it was: it is the newest save whose last write falls inside that death (a trainer writes
+  one at a time, so at most one per death; the ones before it are complete), and it is not taken unless a
+  tracker names it complete;
 - a checkpoint that failed to load once (recorded in the state folder), or one written after the step a
   divergence began.
 A folder that holds names but nothing usable is a question for a person (`Choice.escalate`), never a silent
@@ -37,7 +38,8 @@ UNFINISHED = re.compile(r"(^|[._-])(tmp|temp|partial|incomplete|inprogress|in_pr
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 LATEST = "latest"
 # How close to a death a checkpoint's newest write must be for the death to have cut it short: a save killed
-# mid-write stops writing the moment it dies; the supervisor records the death within milliseconds of it.
+# mid-write stops writing the moment it dies; the supervisor records the death within milliseconds of it. Of the
+# saves in the window only the newest is suspect: a trainer saving every 0.25 s finished the ones before it.
 DEATH_WINDOW_SECONDS = 2.0
 # File times come from the kernel's coarse clock, a few ms behind the stop's EPOCHREALTIME stamp: a write just
 # after the SIGTERM can carry a time just before it.
@@ -132,38 +134,75 @@ def skip_reason(entry: Entry) -> str | None:
     return None
 
 
-def suspect_reason(entry: Entry, run: RunFacts | None) -> str | None:
-    """Why the entry may have been cut short by the current run's end, or None.
+class Death(BaseModel):
+    """A moment that ended the current run's writers, and the span of last writes it may have cut short."""
 
-    Only writes between the trainer's last signal and its death count: a write after it (plus the window) is
-    some other program's, and one before its start is an earlier run's.
-    """
+    first: float = Field(description="The earliest last write it may have cut short.")
+    last: float = Field(description="The latest.")
+    at: float = Field(description="The stop's SIGTERM (for a stop that had to SIGKILL), or the death.")
+    stop_killed_at: float | None = Field(None, description="Set for a stop's SIGKILL: when it came.")
+    exit_code: int | None = Field(None, description="Set for a death by a signal from outside: the exit code it left.")
+
+    def covers(self, written: float) -> bool:
+        return self.first <= written <= self.last
+
+    def reason(self, written: float) -> str:
+        if self.stop_killed_at is not None:
+            return (
+                f"written while the trainer was being killed (last written {max(0.0, written - self.at):.1f} s after the stop's "
+                f"SIGTERM, which it did not survive: SIGKILLed {self.stop_killed_at - self.at:.1f} s after it; the newest save "
+                "of that moment); no tracker names it complete"
+            )
+        signal = KILLED_FROM_OUTSIDE.get(self.exit_code or 0, "a signal")
+        return (
+            f"still being written when the trainer died (exit code {self.exit_code}, {signal} from outside; last written "
+            f"{abs(self.at - written):.1f} s {'before' if written <= self.at else 'after'} the death, the newest save of that "
+            "moment); no tracker names it complete"
+        )
+
+
+def deaths(run: RunFacts | None) -> list[Death]:
+    """The current run's ends that may have cut a save short: a stop that had to SIGKILL, and a signal from outside
+    that came before any stop. A trainer that exited by itself, or on a stop's SIGTERM within its grace, finished
+    the save it was in (or crashed inside it, and the load refuses it: broken_checkpoint)."""
     if run is None:
-        return None
-    written = entry.written
-    if run.started_at is not None and written < run.started_at:
-        return None
+        return []
+    found = []
     if run.stop_killed_at is not None:
         term = run.stop_term_at if run.stop_term_at is not None else run.stop_killed_at - DEATH_WINDOW_SECONDS
         until = max(run.stop_killed_at, run.exit_at or 0.0) + DEATH_WINDOW_SECONDS
-        if term - CLOCK_SLACK_SECONDS <= written <= until:
-            return (
-                f"written while the trainer was being killed (last written {max(0.0, written - term):.1f} s after the stop's "
-                f"SIGTERM, which it did not survive: SIGKILLed {run.stop_killed_at - term:.1f} s after it); no tracker names it complete"
-            )
-        return None
-    if run.stop_term_at is not None:
-        return None  # it exited by itself within the stop's grace: a save on SIGTERM was finished
-    death = run.death_at
-    signal = KILLED_FROM_OUTSIDE.get(run.exit_code) if run.exit_code is not None else None
-    if death is None or signal is None:
-        return None
-    if death - DEATH_WINDOW_SECONDS <= written <= death + DEATH_WINDOW_SECONDS:
-        return (
-            f"still being written when the trainer died (exit code {run.exit_code}, {signal} from outside; last written "
-            f"{abs(death - written):.1f} s {'before' if written <= death else 'after'} the death); no tracker names it complete"
-        )
-    return None
+        found.append(Death(first=term - CLOCK_SLACK_SECONDS, last=until, at=term, stop_killed_at=run.stop_killed_at))
+    # An exit code left by the stop's own signals is no death from outside; one recorded before the stop is (ranks
+    # a killed torchrun left running are stopped afterwards): the listing after the stop judges it as the one before.
+    stopped = run.stop_term_at if run.stop_term_at is not None else run.stop_killed_at
+    death = run.exit_at
+    if run.exit_code in KILLED_FROM_OUTSIDE and death is not None and (stopped is None or death < stopped - CLOCK_SLACK_SECONDS):
+        found.append(Death(first=death - DEATH_WINDOW_SECONDS, last=death + DEATH_WINDOW_SECONDS, at=death, exit_code=run.exit_code))
+    return found
+
+
+def cut_short(saves: dict[str, float], run: RunFacts | None) -> dict[str, str]:
+    """{save: why} for the saves a death of the current run may have cut short, from {save: its last write}.
+
+    A trainer writes one checkpoint at a time, so a death cuts short at most one: the newest save whose last write
+    falls in its window. The ones before it were finished before it began (a trainer saving every 0.25 s has
+    several in the window). Writes before the run's start are an earlier run's; long after the death, another
+    program's.
+    """
+    found: dict[str, str] = {}
+    for death in deaths(run):
+        started = run.started_at if run is not None else None
+        inside = [(w, name) for name, w in saves.items() if death.covers(w) and (started is None or w >= started)]
+        if inside:
+            written, name = max(inside)
+            found.setdefault(name, death.reason(written))
+    return found
+
+
+def _is_save(name: str) -> bool:
+    """A name a trainer's save leaves, finished or not (`step_20.pt`, `.step_20.pt.tmp`, `tmp-checkpoint-20`): of
+    these the newest is the one a death cut short; a log or notes file written beside them says nothing of it."""
+    return step_of(name.lstrip(".")) is not None or UNFINISHED.search(name) is not None
 
 
 class _Tracker(BaseModel):
@@ -232,6 +271,11 @@ def _groups(entries: list[Entry]) -> dict[tuple[str, int], list[Entry]]:
     return {key: members for key, members in groups.items() if len(parts[key]) > 1}
 
 
+def _listed(members: list[Entry]) -> str:
+    """How a checkpoint saved as one file per part is named in the reasons: its files, joined."""
+    return " + ".join(sorted(m.name for m in members))
+
+
 def choose(
     entries: list[Entry],
     refused: set[tuple[int, str]] | None = None,
@@ -265,6 +309,12 @@ def choose(
     tracked_step, tracked_series = (step_of(tracked.name), series_of(tracked.name)) if tracked else (None, None)
     groups = _groups(entries)
     in_group = {m.name: key for key, members in groups.items() for m in members}
+    # A tracker names its checkpoint, and the ones of its series before it, complete: it is written after the save.
+    suspects: dict[str, str] = {}
+    if tracked is None:
+        saves = {e.name: e.written for e in entries if e.name not in tracker_files and e.name not in in_group and _is_save(e.name)}
+        saves |= {_listed(members): max(m.written for m in members) for members in groups.values()}
+        suspects = cut_short(saves, run)
 
     candidates: list[tuple[int, float, str]] = []
     skipped: list[tuple[str, str]] = []
@@ -287,9 +337,7 @@ def choose(
                 reason = f"newer than what {tracker.label} names complete: a save that never finished"  # type: ignore[union-attr]
         if reason is None and (int(entry.mtime), entry.name) in refused:
             reason = "failed to load in an earlier attempt (recorded in the state folder; kept, never deleted)"
-        # A tracker names its checkpoint, and the ones of its series before it, complete: it is written after the save.
-        if reason is None and tracked is None:
-            reason = suspect_reason(entry, run)
+        reason = reason or suspects.get(entry.name)
         if reason is None and before_step is not None and step is not None and step >= before_step:
             reason = f"written at or after step {before_step}"
         if reason:
@@ -300,12 +348,12 @@ def choose(
     parts_of: dict[str, list[str]] = {}
     for (_, step), members in sorted(groups.items()):
         files = [m.name for m in sorted(members, key=lambda m: m.name)]
-        listed = " + ".join(files)
+        listed = _listed(members)
         reason = next((r for m in members if (r := skip_reason(m)) in HARMLESS), None)
         reason = reason or next(
             (f"{m.name}: failed to load in an earlier attempt" for m in members if (int(m.mtime), m.name) in refused), None
         )
-        reason = reason or next((r for m in members if tracked is None and (r := suspect_reason(m, run))), None)
+        reason = reason or suspects.get(listed)
         if reason is None and tracker is not None:
             reason = f"not of the series {tracker.label} tracks"
         if reason is None and before_step is not None and step >= before_step:

@@ -1,4 +1,4 @@
-"""A connection that drops in the middle of a step that is not idempotent (launch, venv rebuild).
+"""A connection that drops in the middle of a step that is not idempotent (launch, the venv built aside).
 
 The host is a network namespace of its own (tests/netns.py); its link is taken down while the step's
 command runs there, and the step's first try is held on the host (SIGSTOP of the process group its
@@ -26,7 +26,7 @@ from relaunch.config import Target
 from relaunch.report import Report
 from relaunch.transport import close_all
 from relaunch.verdicts import Verdict
-from tasks.rebuild_venv import BUILDING_MARKER
+from tasks.rebuild_venv import BUILDING_MARKER, BUILT_RECORD
 from tests.faults import MID_STEP, ONE, big_wheel, case, live_supervisor_groups, live_trainers, reap, start_time, wait_for
 from tests.netns import Fleet, fleet_of_hosts
 from tests.targets import finished, runs, shell_target, step_detail
@@ -55,10 +55,15 @@ def target_on(fleet: Fleet, tmp_path: Path, **overrides: object) -> Target:
 
 
 def records(target: Target, step_label: str) -> list[tuple[int, str, int]]:
-    """(PID, start time, process group) of the host commands of one step still recorded in STATE/inflight."""
+    """(PID, start time, process group) of the host commands of one step still recorded in STATE/inflight.
+
+    A record is named `SLUG.PID`, SLUG the command's label with every other character than a letter or digit
+    as `-`, cut at 60 (relaunch/commands.py _slug); `step_label` is how that slug begins, since some labels
+    name their paths (`uv pip sync LOCK into VENV.new-STAMP`).
+    """
     folder = Path(target.state_path) / "inflight"
     found = []
-    for rec in folder.glob(f"{step_label}.*") if folder.is_dir() else []:
+    for rec in folder.glob(f"{step_label}*") if folder.is_dir() else []:
         try:
             pid, start, pgid = rec.read_text().split()[:3]
         except (OSError, ValueError):
@@ -162,8 +167,8 @@ def test_a_connection_dropped_mid_launch_is_retried_without_ever_starting_a_seco
 
 @case(
     MID_STEP,
-    "the SSH link to the host goes down while `uv pip sync` writes the fresh venv (held on the host, still running when Prefect retries the rebuild)",
-    "the retry first stops the first try's install by its recorded PID and group, keeps that half-built venv aside as `.incomplete-*`, still names the user's venv (`.old-*`, intact) as the one to put back, builds again: a usable venv, one trainer, healthy",
+    "the SSH link to the host goes down while `uv pip sync` writes the fresh venv aside (`VENV.new-STAMP`, before the stop; held on the host, still running when Prefect retries build_venv)",
+    "the retry first stops the first try's install by its recorded PID and group, keeps that half-built build aside as `.incomplete-STAMP` (never swapped in), builds `.new-STAMP` again; after the stop the swap keeps the user's venv intact as `.old-STAMP`: a complete venv, one trainer, healthy",
 )
 def test_a_connection_dropped_mid_rebuild_stops_the_first_install_and_leaves_a_usable_venv(host: Fleet, tmp_path: Path):
     target = target_on(host, tmp_path, import_check=["tinyjunk", "bigjunk"])
@@ -175,19 +180,29 @@ def test_a_connection_dropped_mid_rebuild_stops_the_first_install_and_leaves_a_u
     (venv / "mine").write_text("the user's venv\n")
     try:
         with recovering(target) as report:
+            # The install's label names the lock and the folder it builds: `uv pip sync LOCK into VENV.new-STAMP`.
             held = drop_link_while_held(host, target, "uv-pip-sync", "uv pip sync to start on the host")
-            wait_for(lambda: retrying(target, "build_venv"), 60, "Prefect to give the dropped rebuild up and schedule a retry")
+            wait_for(lambda: retrying(target, "build_venv"), 60, "Prefect to give the dropped build up and schedule a retry")
             host.up(0)
             result = report()
         assert result.verdict is Verdict.HEALTHY, result.timeline()
         assert start_time(held[0]) is None, "the first try's install was stopped, not left writing beside the retry"
-        assert not (venv / BUILDING_MARKER).exists() and (venv / "bin" / "python").exists()
         old = sorted(venv.parent.glob(venv.name + ".old-*"))
         assert len(old) == 1 and (old[0] / "mine").read_text() == "the user's venv\n", old
-        assert step_detail(result, "rebuild_venv").old_venv == str(old[0]), "the retry still names the user's venv as the previous one"
+        stamp = old[0].name.removeprefix(venv.name + ".old-")
+        built, swapped = step_detail(result, "build_venv"), step_detail(result, "rebuild_venv")
+        assert built.built == f"{venv}.new-{stamp}" and not built.reused, "the retry built again, in the same rebuild's folder"
+        assert swapped.prepared and swapped.old_venv == str(old[0]), "the swap took build_venv's build and names the user's venv"
+        # The half-built first try: kept aside under the same stamp, still marked half-built, never swapped in.
         incomplete = sorted(venv.parent.glob(venv.name + ".incomplete-*"))
-        assert len(incomplete) == 1 and (incomplete[0] / BUILDING_MARKER).exists(), incomplete
-        assert len(live_trainers(target)) == 1
+        assert [p.name for p in incomplete] == [f"{venv.name}.incomplete-{stamp}"] and (incomplete[0] / BUILDING_MARKER).exists(), (
+            incomplete
+        )
+        # In place: the retry's complete build of this stamp, with the lock installed.
+        assert not (venv / BUILDING_MARKER).exists() and (venv / BUILT_RECORD).read_text().split("\n", 1)[0] == stamp
+        assert not sorted(venv.parent.glob(venv.name + ".new-*")), "nothing left aside unswapped"
+        subprocess.run([str(venv / "bin" / "python"), "-c", "import bigjunk, tinyjunk"], check=True)
+        assert len(live_trainers(target)) == 1 and len(live_supervisor_groups(target)) == 1, live_trainers(target)
     finally:
         host.up(0)
         reap(target)

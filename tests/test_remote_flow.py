@@ -151,3 +151,32 @@ def test_relaunch_check_reads_an_ssh_target_file_and_reports_json(tmp_path, sshd
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout)
     assert report["verdict"] == "healthy" and report["host"].endswith("(docker trainer)")
+
+
+def test_the_incidents_run_started_by_hand_is_adopted_and_left_running_by_the_nightly_check_over_ssh_through_a_container(
+    tmp_path, sshd: SSHServer
+):
+    """`tmux new-session -d -s dflash "bash start_training.sh 2>&1 | tee /workspace/train_stdout_clean.log"`, as in
+    the incident, reached as `ssh root@HOST 'pct exec 200 -- bash -c ...'`: adopted, healthy, not one process touched."""
+    from relaunch import runlayout
+    from tests.handmade import last_step, reap, start_by_hand, tree
+
+    sshd.set_containers(running=["200"])
+    target = shell_target(tmp_path, host=sshd.container_host("pct", "200"))
+    log = tmp_path / "workspace" / "train_stdout_clean.log"
+    log.parent.mkdir()
+    pane = start_by_hand(target.tmux_session, f"bash stepper.sh 2>&1 | tee {log}", target.repo_dir)
+    try:
+        wait_for(lambda: (last_step(log) or 0) >= 3, 20, "the run started by hand to step")
+        before = [p for p in tree(pane) if p.argv[:1] != ("sleep",)]
+        report = finished(check_training, target=target, recover=True)
+        assert report.verdict is Verdict.HEALTHY and [a.action.value for a in report.attempts] == ["none"], report.timeline()
+        state = Path(target.state_path)
+        run_id = (state / runlayout.CURRENT).read_text().strip()
+        assert run_id.endswith("-adopted") and (state / "runs" / run_id / "adopted").read_text().strip() == "tee"
+        assert Path(runlayout.record(target.state_path, run_id, runlayout.LOG_PATH)).read_text().strip() == str(log)
+        assert all(p.alive() for p in before), "the nightly check touched the hand-started run"
+        seen = last_step(log) or 0
+        wait_for(lambda: (last_step(log) or 0) > seen, 20, "the run to go on stepping")
+    finally:
+        reap([target.tmux_session], [tmp_path])

@@ -204,9 +204,12 @@ while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && no
   [ -n "$ref" ] && [ "$t" -ge "$wake_from" ] && [ "$log" -nt "$ref" ] && break
   nap 0.05
 done
-# The supervisor writes the exit code just after the trainer dies: give it a moment.
-for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+# The supervisor writes the exit code just after the trainer dies (once the log writer drained and no marked process
+# of the run lives on: up to a second or so on a loaded host): wait while it lives, up to 5 s, never past its end.
+waited=0
+while [ "$waited" -lt 100 ]; do
   [ -e "$run/exit_code" ] && break; alive "$pid" "$pstart" && break; alive "$spid" "$sstart" || break; nap 0.05
+  waited=$((waited + 1))
 done
 slurp log "$run/log_path"; slurp exit_code "$run/exit_code"; slurp started "$run/started_at"; slurp checkpoint "$run/checkpoint"
 [ -n "$run_id" ] && follow_log
