@@ -372,6 +372,7 @@ def build_venv(target: Target, stamp: str) -> StepRecord:
 
     `stamp` is the rebuild's: the `rebuild_venv` after the stop, given the same stamp, swaps this build in.
     """
+    stop_earlier_try(target)
     progress = Progress(artifact_key(target.name, "build-venv"), "building the venv aside")
     with timed() as clock:
         detail = build_aside(target, stamp, progress)
