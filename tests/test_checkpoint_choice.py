@@ -92,6 +92,24 @@ def test_a_save_written_just_before_a_kill_from_outside_is_skipped_but_not_one_b
     assert choose(es, run=RunFacts(started_at=50.0, exit_code=code, exit_at=300.0)).name == chosen
 
 
+def test_a_trainer_saving_every_quarter_second_killed_from_outside_loses_only_the_save_it_was_writing():
+    # step_5.pt .. step_40.pt, one every 0.25 s, all inside the death's window; SIGKILLed while writing step_40.pt.
+    es = [Entry(name=f"step_{5 * i}.pt", kind="f", mtime=299.0 + 0.25 * i) for i in range(1, 9)]
+    died = RunFacts(started_at=50.0, exit_code=137, exit_at=301.02)
+    choice = choose(es, run=died)
+    assert choice.name == "step_35.pt", choice
+    assert len(choice.skipped) == 1 and choice.skipped[0].startswith("'step_40.pt': still being written when the trainer died"), choice
+    # Saved aside and renamed (demo/trainer/multirank.py): the aside file was being written, every step_N.pt is whole.
+    aside = [*es, Entry(name=".step_45.pt.tmp", kind="f", mtime=301.01)]
+    assert choose(aside, run=died).name == "step_40.pt"
+    # Ranks a killed torchrun left running saved on after its death until the recovery's stop ended them (within its
+    # grace): the listing after that stop still skips the one save around the death, and only that one.
+    survivors = [*es, Entry(name="step_45.pt", kind="f", mtime=301.25)]
+    stopped = RunFacts(started_at=50.0, exit_code=137, exit_at=301.02, stop_term_at=306.0)
+    after_stop = choose(survivors, run=stopped)
+    assert after_stop.name == "step_40.pt" and len(after_stop.skipped) == 1, after_stop
+
+
 def test_only_the_current_runs_writes_around_its_death_are_suspect():
     es = [Entry(name="step_10.pt", kind="f", mtime=100.0), Entry(name="step_20.pt", kind="f", mtime=299.5)]
     started_after = RunFacts(started_at=299.8, exit_code=137, exit_at=300.0)  # step_20 is an earlier run's
