@@ -33,10 +33,12 @@ demo: setup
 demo-all: setup
 	for s in healthy missing-dependency fx-race silent-death degraded diverged broken-checkpoint; do $(VENV)/bin/relaunch demo --scenario $$s || exit 1; done
 
-# Lint first (seconds): ruff for Python, shellcheck for every script relaunch runs on a host.
+# Lint first (seconds): ruff for Python, the layers contract (the core never imports upward), shellcheck for every
+# script relaunch runs on a host.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/check_layers.py
 	cd relaunch/host && shellcheck -x -s bash *.sh
 
 # Three workers on two cores: most tests wait on processes, servers and sockets rather than compute;

@@ -82,10 +82,10 @@ def main() -> None:
     # Started in the background (SIGINT ignored) or stopped by a harness: SIGTERM still runs the clean-up below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from demo.scenarios import prepare
+    from relaunch.demo.scenarios import prepare
+    from relaunch.tasks.launch import launch
+    from relaunch.tasks.stop import stop
     from relaunch.tempserver import DEFAULT_LOCAL_API_URL, reachable
-    from tasks.launch import launch
-    from tasks.stop import stop
 
     if reachable(DEFAULT_LOCAL_API_URL):
         raise SystemExit(f"a Prefect server answers at {DEFAULT_LOCAL_API_URL}: the temporary mode would use it; stop it first")

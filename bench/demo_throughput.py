@@ -1,6 +1,6 @@
 """The demo trainer's throughput, uncompiled and compiled, read from its own step lines.
 
-Runs the `degraded` demo scenario as `relaunch demo --scenario degraded` does: `demo.scenarios.prepare` builds
+Runs the `degraded` demo scenario as `relaunch demo --scenario degraded` does: `relaunch.demo.scenarios.prepare` builds
 the target and launches the broken run (model.py hacked to skip torch.compile), then the recover-training flow,
 on a temporary Prefect server as the CLI starts one, restores the code, re-warms the inductor cache and
 relaunches the compiled trainer. The broken run is left stepping for --uncompiled-seconds before the flow
@@ -99,11 +99,11 @@ def main() -> None:
 
     start_for_cli(["demo"])
 
-    import demo.scenarios as scenarios
-    from demo.target import make_target
-    from flows.outcome import report_of
-    from flows.recover import recover_training
-    from tasks.stop import stop
+    import relaunch.demo.scenarios as scenarios
+    from relaunch.demo.target import make_target
+    from relaunch.flows.outcome import report_of
+    from relaunch.flows.recover import recover_training
+    from relaunch.tasks.stop import stop
 
     # The demo names its session after the scenario; the same name in a benchmark could stop a demo or a test's trainer.
     scenarios.make_target = lambda work, name, wheels, base: make_target(work, SESSION, wheels, base)

@@ -27,14 +27,14 @@ sys.path.insert(0, str(ROOT))
 os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
 
 from bench.stats import P95_METHOD, machine, summary  # noqa: E402
-from demo.scenarios import prepare  # noqa: E402
+from relaunch.demo.scenarios import prepare  # noqa: E402
 from relaunch.diagnosis import Progress, advance, diagnose  # noqa: E402
+from relaunch.tasks.health import collect_snapshot  # noqa: E402
+from relaunch.tasks.launch import launch  # noqa: E402
+from relaunch.tasks.rebuild_venv import rebuild_venv  # noqa: E402
+from relaunch.tasks.stop import stop  # noqa: E402
+from relaunch.tasks.warm_cache import warm_cache  # noqa: E402
 from relaunch.verdicts import Verdict  # noqa: E402
-from tasks.health import collect_snapshot  # noqa: E402
-from tasks.launch import launch  # noqa: E402
-from tasks.rebuild_venv import rebuild_venv  # noqa: E402
-from tasks.stop import stop  # noqa: E402
-from tasks.warm_cache import warm_cache  # noqa: E402
 
 
 def trial(target, mode: str, rng: random.Random) -> dict:

@@ -123,8 +123,8 @@ def make_targets(work: Path, n: int, step_seconds: float, hosts: list | None = N
 def launch_all(targets) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from tasks.health import collect_snapshot
-    from tasks.launch import launch
+    from relaunch.tasks.health import collect_snapshot
+    from relaunch.tasks.launch import launch
 
     with ThreadPoolExecutor(max_workers=8) as pool:  # over SSH each launch is a few round trips on its own host
         list(pool.map(lambda t: launch.fn(t, 1), targets))
@@ -138,7 +138,7 @@ def launch_all(targets) -> None:
 
 
 def measure(targets, max_concurrent: int, connections: str | None = None) -> dict:
-    from flows.fleet import check_fleet
+    from relaunch.flows.fleet import check_fleet
     from relaunch.transport import close_all
     from relaunch.verdicts import Verdict
 
@@ -169,8 +169,8 @@ def measure(targets, max_concurrent: int, connections: str | None = None) -> dic
 def stop_all(targets) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
+    from relaunch.tasks.stop import plan_stop
     from relaunch.transport import run, transport_for
-    from tasks.stop import plan_stop
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda t: run(transport_for(t.host), plan_stop(t, 10), check=False), targets))

@@ -159,8 +159,8 @@ def prefect_server(home: Path) -> Iterator[str]:
 
 def stop_everything(target: Any) -> None:
     """The trainer by relaunch's records, and whatever the script started in the session."""
+    from relaunch.tasks.stop import plan_stop
     from relaunch.transport import run, transport_for
-    from tasks.stop import plan_stop
 
     panes = subprocess.run(["tmux", "list-panes", "-t", f"={SESSION}", "-F", "#{pane_pid}"], capture_output=True, text=True)
     for pid in panes.stdout.split():
@@ -173,7 +173,7 @@ def stop_everything(target: Any) -> None:
 
 
 def wait_for(target: Any, what: str, done: Callable[[Any], bool], timeout_seconds: float = 300) -> None:
-    from tasks.health import collect_snapshot
+    from relaunch.tasks.health import collect_snapshot
 
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
@@ -184,9 +184,9 @@ def wait_for(target: Any, what: str, done: Callable[[Any], bool], timeout_second
 
 def break_full(target: Any) -> None:
     """What the fx-race scenario does: drifted venv, hacked model file, stale cache, the broken run crashed."""
-    from demo.scenarios import DEBUG_HACK
+    from relaunch.demo.scenarios import DEBUG_HACK
+    from relaunch.tasks.launch import launch
     from relaunch.transport import local_env
-    from tasks.launch import launch
 
     stop_everything(target)
     links = [a for d in target.find_links for a in ("--find-links", d)]
@@ -218,7 +218,7 @@ def break_full(target: Any) -> None:
 def break_relaunch(target: Any) -> None:
     """A healthy run, SIGKILLed (the trainer alone) once it steps; waits for the supervisor's exit record."""
     from relaunch import runlayout
-    from tasks.launch import launch
+    from relaunch.tasks.launch import launch
 
     stop_everything(target)
     detail, _ = launch.fn(target, 0)
@@ -379,7 +379,7 @@ def main() -> None:
         parser.error(f"contenders are {', '.join(CONTENDERS)}")
     contenders = tuple(c for c in CONTENDERS if c in chosen)
 
-    from demo.scenarios import prepare
+    from relaunch.demo.scenarios import prepare
     from relaunch.tempserver import DEFAULT_LOCAL_API_URL, reachable
 
     tmp = args.workdir or Path(tempfile.mkdtemp(prefix="relaunch-bench-overhead-"))

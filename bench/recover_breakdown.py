@@ -2,7 +2,7 @@
 
     python bench/recover_breakdown.py [--device cpu|cuda] [--scenario NAME ...] [--workdir DIR] [--logs DIR]
 
-Each scenario is broken for real (demo.scenarios.prepare) and recovered by `recover_training` under a
+Each scenario is broken for real (relaunch.demo.scenarios.prepare) and recovered by `recover_training` under a
 temporary Prefect server, as `relaunch demo` does. The phases come from the flow's own records:
 - detection: the first health check (the task run `check_health`, its start to its end, from the Prefect API);
 - stop (it waits until the GPUs list none of the stopped trainer's processes), venv (rebuild_venv or
@@ -30,15 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _flow_env import ROOT  # noqa: E402,F401 - first: the environment Prefect is imported into
 
-from demo.scenarios import SCENARIOS, prepare, say  # noqa: E402
-from demo.target import resolve_device  # noqa: E402
-from flows.outcome import report_of  # noqa: E402
-from flows.recover import recover_training  # noqa: E402
 from relaunch.config import Target  # noqa: E402
+from relaunch.demo.scenarios import SCENARIOS, prepare, say  # noqa: E402
+from relaunch.demo.target import resolve_device  # noqa: E402
+from relaunch.flows.outcome import report_of  # noqa: E402
+from relaunch.flows.recover import recover_training  # noqa: E402
 from relaunch.report import Report  # noqa: E402
 from relaunch.steps import Step  # noqa: E402
+from relaunch.tasks.stop import stop  # noqa: E402
 from relaunch.verdicts import Verdict  # noqa: E402
-from tasks.stop import stop  # noqa: E402
 
 FIRST_STEP = re.compile(r"first step in [\d.]+ s, (?P<process>[\d.]+) s after the process started")
 PHASES = {

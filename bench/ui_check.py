@@ -156,7 +156,7 @@ class Recovery:
 
 
 def recover_crashed_trainer(work: Path, api_url: str) -> Recovery:
-    from tasks.launch import launch
+    from relaunch.tasks.launch import launch
     from tests.faults import RELAUNCH, cli_env, write_target
     from tests.targets import shell_target, stop_all, wait_for_exit
 

@@ -12,16 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from demo.target import GOOD_PINS, Device, base_pins, build_repo, make_target, wheelhouse
-from demo.wheels import build_all
 from relaunch import runlayout
 from relaunch.config import Target
+from relaunch.demo.target import GOOD_PINS, Device, base_pins, build_repo, make_target, wheelhouse
+from relaunch.demo.wheels import build_all
+from relaunch.tasks.health import collect_snapshot
+from relaunch.tasks.launch import launch
+from relaunch.tasks.rebuild_venv import plan_create
+from relaunch.tasks.stop import plan_stop
 from relaunch.transport import local_env, run, transport_for
 from relaunch.verdicts import Cause, Verdict
-from tasks.health import collect_snapshot
-from tasks.launch import launch
-from tasks.rebuild_venv import plan_create
-from tasks.stop import plan_stop
 
 SLOW_HACK = ("USE_COMPILE = True", "USE_COMPILE = False  # HACK: FX check patched away, runs uncompiled")
 DEBUG_HACK = ("def loss_and_accuracy(", "# HACK: debugging print left in\ndef loss_and_accuracy(")

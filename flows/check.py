@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.common import attempt_from, publish
-from flows.outcome import final_state, report_of, tag_flow_run, untagged_tasks
-from flows.recover import checked, recover_training
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
+from relaunch.flows.common import attempt_from, publish
+from relaunch.flows.outcome import final_state, report_of, tag_flow_run, untagged_tasks
+from relaunch.flows.recover import checked, recover_training
 from relaunch.playbook import remedy
 from relaunch.report import Report
 

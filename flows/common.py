@@ -6,8 +6,8 @@ from prefect.context import FlowRunContext
 
 from relaunch.playbook import Action
 from relaunch.report import Attempt, Report
-from tasks.common import artifact_key, log
-from tasks.health import HealthResult
+from relaunch.tasks.common import artifact_key, log
+from relaunch.tasks.health import HealthResult
 
 
 def attempt_from(number: int, health: HealthResult, action: Action, why: str) -> Attempt:

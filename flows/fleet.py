@@ -21,15 +21,15 @@ from prefect.states import Failed
 from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
-from flows.check import merge_recovery
-from flows.common import attempt_from
-from flows.outcome import report_of
-from flows.recover import host_limit_name, recover_training
 from relaunch.config import Target
+from relaunch.flows.check import merge_recovery
+from relaunch.flows.common import attempt_from
+from relaunch.flows.outcome import report_of
+from relaunch.flows.recover import host_limit_name, recover_training
 from relaunch.playbook import remedy
 from relaunch.report import FleetReport, FleetRow, Report
-from tasks.common import log
-from tasks.health import HealthResult, check_health
+from relaunch.tasks.common import log
+from relaunch.tasks.health import HealthResult, check_health
 
 
 @task(name="recover-host", task_run_name="recover@{host}", cache_policy=NO_CACHE)
@@ -91,6 +91,24 @@ def check_fleet(
         f"{r.target}: {r.verdict.value if r.verdict else 'check failed'}" for r in fleet.rows if not (r.verdict and r.verdict.is_fine())
     ]
     return Failed(message=f"{len(sick)} of {fleet.targets} targets not healthy: {', '.join(sick)}"[:480], data=fleet)  # type: ignore[return-value]
+
+
+def fleet_report(
+    targets: list[Target], recover: bool = True, max_concurrent: int = 4, settle_timeout_seconds: float | None = None
+) -> FleetReport:
+    """check-fleet for Python callers: the FleetReport however the run ended (Failed when a target is not fine).
+
+    Calling the flow itself raises on a Failed ending, since the report is that state's data: for the state, call
+    `check_fleet(..., return_state=True)` and read `state.result(raise_on_failure=False)`."""
+    state = check_fleet(
+        targets=targets, recover=recover, max_concurrent=max_concurrent, settle_timeout_seconds=settle_timeout_seconds, return_state=True
+    )
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, FleetReport):
+        return result
+    if isinstance(result, BaseException):
+        raise result
+    raise TypeError(f"check-fleet ended {state.type.value} without a fleet report: {result!r}")
 
 
 def _refuse_duplicates(targets: list[Target]) -> None:

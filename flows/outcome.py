@@ -16,7 +16,7 @@ from prefect.states import Failed
 
 from relaunch.config import Target
 from relaunch.report import Report
-from tasks.common import log
+from relaunch.tasks.common import log
 
 
 def is_fine(report: Report) -> bool:

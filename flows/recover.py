@@ -10,26 +10,26 @@ from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectNotFound
 
-from flows.common import attempt_from, publish
-from flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
+from relaunch.flows.common import attempt_from, publish
+from relaunch.flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
 from relaunch.playbook import Action, choose_action, resume_constraints, steps_for
 from relaunch.report import Report
 from relaunch.runfiles import new_run_id, utc_stamp
 from relaunch.steps import Step, StepRecord
-from tasks.capture_stacks import capture_stacks
-from tasks.common import log
-from tasks.health import HealthResult, check_health
-from tasks.install_package import install_package
-from tasks.launch import check_resumable, launch
-from tasks.leftovers import stop_leftovers
-from tasks.lock import target_lock
-from tasks.preflight import preflight
-from tasks.rebuild_venv import build_venv, rebuild_venv
-from tasks.restore_code import check_restorable, restore_code
-from tasks.stop import stop
-from tasks.warm_cache import warm_cache
+from relaunch.tasks.capture_stacks import capture_stacks
+from relaunch.tasks.common import log
+from relaunch.tasks.health import HealthResult, check_health
+from relaunch.tasks.install_package import install_package
+from relaunch.tasks.launch import check_resumable, launch
+from relaunch.tasks.leftovers import stop_leftovers
+from relaunch.tasks.lock import target_lock
+from relaunch.tasks.preflight import preflight
+from relaunch.tasks.rebuild_venv import build_venv, rebuild_venv
+from relaunch.tasks.restore_code import check_restorable, restore_code
+from relaunch.tasks.stop import stop
+from relaunch.tasks.warm_cache import warm_cache
 
 
 def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepRecord], str | None]:

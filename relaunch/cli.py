@@ -98,7 +98,7 @@ def _run_flow(flow: Callable[..., Any], **parameters: Any) -> Any:
     """The flow's report whether the run Completed or Failed; a step's own error is raised as itself."""
     from prefect import tags
 
-    from flows.outcome import report_of, run_tags
+    from relaunch.flows.outcome import report_of, run_tags
 
     # The run is created with its target and host tags, so the flow's own tagging has nothing left to send.
     with tags(*run_tags(parameters["target"])):
@@ -119,13 +119,13 @@ def demo(
     ),
 ) -> None:
     """Build the demo target, break it as the scenario says, recover it with Prefect's embedded default."""
-    from demo.scenarios import SCENARIOS, prepare
-    from demo.target import resolve_device
+    from relaunch.demo.scenarios import SCENARIOS, prepare
+    from relaunch.demo.target import resolve_device
 
     if scenario not in SCENARIOS:
         print(f"relaunch: unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}", file=sys.stderr)
         raise typer.Exit(2)
-    from flows.recover import recover_training
+    from relaunch.flows.recover import recover_training
 
     with _errors():
         target = prepare(scenario, workdir.resolve() / scenario, device=resolve_device(device))
@@ -158,8 +158,8 @@ def _write_target(target: Any, path: Path) -> Path:
 
 
 def _stop(target: Any, grace_seconds: float | None = None, deliberate: bool = False) -> Any:
+    from relaunch.tasks.stop import plan_stop
     from relaunch.transport import run, transport_for
-    from tasks.stop import plan_stop
 
     return run(transport_for(target.host), plan_stop(target, grace_seconds, deliberate=deliberate), check=False)
 
@@ -235,7 +235,7 @@ def check(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Check a target's health; signal, stop or start nothing unless --recover (a run started by hand is adopted: recorded, not touched)."""
-    from flows.check import check_training
+    from relaunch.flows.check import check_training
 
     with _errors():
         report = _run_flow(check_training, target=load_target(target_file), recover=recover)
@@ -257,7 +257,7 @@ def recover(
         with _errors():
             print(render(load_target(target_file)))
         raise typer.Exit(0)
-    from flows.recover import recover_training
+    from relaunch.flows.recover import recover_training
 
     with _errors():
         report = _run_flow(recover_training, target=load_target(target_file), force=force)
@@ -301,7 +301,7 @@ def adopt(
     """Record a run started by hand in the target's tmux session as the current run; nothing is signalled.
 
     Later checks judge it by the same rules as relaunch's own runs; stops and recoveries treat it as theirs."""
-    from tasks.adopt import adopt_run
+    from relaunch.tasks.adopt import adopt_run
 
     with _errors():
         adoption = adopt_run(load_target(target_file), log)
@@ -340,8 +340,8 @@ def fleet(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Check many targets at once; recover the sick ones, one recovery per host at a time."""
-    from flows.fleet import check_fleet
     from relaunch.config import load_fleet
+    from relaunch.flows.fleet import check_fleet
 
     with _errors():
         targets, max_concurrent = load_fleet(fleet_file)
@@ -363,7 +363,7 @@ def fleet(
 @app.command("rollback-venv")
 def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target YAML.")) -> None:
     """Put the previous venv back (the newest VENV.old-*); the current one is kept as VENV.rolled-back-*."""
-    from tasks.rollback_venv import rollback_venv
+    from relaunch.tasks.rollback_venv import rollback_venv
 
     with _errors():
         step = rollback_venv.fn(load_target(target_file))
@@ -501,7 +501,14 @@ def import_all_flows() -> None:
     """What any command may need, for an agent to import once: every flow, and SSH (fabric, paramiko)."""
     import importlib
 
-    for module in ("flows.check", "flows.recover", "flows.fleet", "fastapi.encoders", "relaunch.ssh", "demo.scenarios"):
+    for module in (
+        "relaunch.flows.check",
+        "relaunch.flows.recover",
+        "relaunch.flows.fleet",
+        "fastapi.encoders",
+        "relaunch.ssh",
+        "relaunch.demo.scenarios",
+    ):
         importlib.import_module(module)
 
 
@@ -513,7 +520,12 @@ def _run_app() -> None:
 
 
 # What each flow command imports; loaded by `_import_flows` before the command runs.
-FLOW_MODULES = {"check": ("flows.check",), "recover": ("flows.recover",), "demo": ("flows.recover",), "fleet": ("flows.fleet",)}
+FLOW_MODULES = {
+    "check": ("relaunch.flows.check",),
+    "recover": ("relaunch.flows.recover",),
+    "demo": ("relaunch.flows.recover",),
+    "fleet": ("relaunch.flows.fleet",),
+}
 
 
 def _import_flows() -> None:

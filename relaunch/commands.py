@@ -7,6 +7,7 @@ positional arguments ("$1", "$2"), so each layer quotes exactly once.
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -112,3 +113,35 @@ def _slug(label: str) -> str:
 def timed_out_on_host(result: Result, timeout_seconds: float) -> bool:
     """`timeout` exits 124 when it stopped the command; a command's own 124 comes back sooner."""
     return result.exit_code == TIMEOUT_EXIT and result.elapsed_seconds >= timeout_seconds - 1
+
+
+# A container command that never reached its container says so in words a person can act on.
+_CONTAINER_FAILURES = (
+    (
+        re.compile(r"Configuration file 'nodes/[^/]+/lxc/(?P<id>[^.']+)\.conf' does not exist"),
+        "LXC container {id} does not exist on this node (check the container id, or `pct list`)",
+    ),
+    (
+        re.compile(r"lxc-attach: (?P<id>\S+): .*[Ff]ailed to get (?:the )?init pid"),
+        "LXC container {id} is not running (start it with `pct start {id}`)",
+    ),
+    (
+        re.compile(r"Error response from daemon: No such container: (?P<id>\S+)"),
+        "docker container {id} does not exist (check the name, or `docker ps -a`)",
+    ),
+    (
+        re.compile(r"Error response from daemon: [Cc]ontainer (?P<id>\S+) is not running"),
+        "docker container {id} is not running (start it with `docker start`)",
+    ),
+    (re.compile(r"(?P<id>pct|docker): command not found"), "{id} is not installed on the host (or not on PATH)"),
+)
+
+
+def describe_container_failure(result: Result) -> str | None:
+    """A short explanation when a failed command never reached its container, else None."""
+    if result.exit_code == 0:
+        return None
+    for pattern, text in _CONTAINER_FAILURES:
+        if m := pattern.search(result.stderr):
+            return text.format(id=m.group("id"))
+    return None

@@ -22,13 +22,13 @@ LONG_ARGUMENT = 200
 
 def planned(target: Target) -> list[tuple[Step, str, Command]]:
     """(step, what, command) for the full procedure, in the order the recovery runs them."""
-    from tasks.launch import plan_launch, plan_list_checkpoints
-    from tasks.leftovers import plan_reap
-    from tasks.preflight import plan_preflight
-    from tasks.rebuild_venv import plan_build, plan_swap
-    from tasks.restore_code import plan_restore
-    from tasks.stop import plan_stop
-    from tasks.warm_cache import plan_warm
+    from relaunch.tasks.launch import plan_launch, plan_list_checkpoints
+    from relaunch.tasks.leftovers import plan_reap
+    from relaunch.tasks.preflight import plan_preflight
+    from relaunch.tasks.rebuild_venv import plan_build, plan_swap
+    from relaunch.tasks.restore_code import plan_restore
+    from relaunch.tasks.stop import plan_stop
+    from relaunch.tasks.warm_cache import plan_warm
 
     out = [
         (Step.PREFLIGHT, "preflight", plan_preflight(target)),

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for the annotation: relaunch.commands imports this module
+    from relaunch.commands import Result
+
 
 class RelaunchError(Exception):
     """Base of every error relaunch raises on purpose."""
@@ -12,12 +17,22 @@ class ConfigError(RelaunchError):
 
 
 class CommandFailed(RelaunchError):
-    """A command ran on the host and exited non-zero. Never retried: the host said no."""
+    """A command ran on the host and exited non-zero. Never retried: the host said no.
 
-    def __init__(self, host: str, command: str, exit_code: int, output_tail: str, advice: str = "") -> None:
-        self.host, self.command, self.exit_code = host, command, exit_code
-        self.output_tail, self.advice = output_tail, advice
+    Carries the command's whole result (as invoke's UnexpectedExit carries its Result): `result.stdout`,
+    `result.stderr`, `result.exit_code`, and the tail and advice a person reads."""
+
+    def __init__(self, host: str, command: str, result: Result, advice: str = "") -> None:
+        self.host, self.command, self.result, self.advice = host, command, result, advice
         super().__init__(self._message())
+
+    @property
+    def exit_code(self) -> int:
+        return self.result.exit_code
+
+    @property
+    def output_tail(self) -> str:
+        return self.result.tail
 
     def _message(self) -> str:
         tail = "\n".join("    " + line for line in self.output_tail.rstrip().splitlines()[-15:]) or "    (no output)"

@@ -14,7 +14,6 @@ import functools
 import io
 import logging
 import os
-import re
 import shlex
 import socket
 import threading
@@ -498,34 +497,3 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, paramiko.ChannelException):
         return f"{exc.text} (channel open failure {exc.code})"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-_CONTAINER_FAILURES = (
-    (
-        re.compile(r"Configuration file 'nodes/[^/]+/lxc/(?P<id>[^.']+)\.conf' does not exist"),
-        "LXC container {id} does not exist on this node (check the container id, or `pct list`)",
-    ),
-    (
-        re.compile(r"lxc-attach: (?P<id>\S+): .*[Ff]ailed to get (?:the )?init pid"),
-        "LXC container {id} is not running (start it with `pct start {id}`)",
-    ),
-    (
-        re.compile(r"Error response from daemon: No such container: (?P<id>\S+)"),
-        "docker container {id} does not exist (check the name, or `docker ps -a`)",
-    ),
-    (
-        re.compile(r"Error response from daemon: [Cc]ontainer (?P<id>\S+) is not running"),
-        "docker container {id} is not running (start it with `docker start`)",
-    ),
-    (re.compile(r"(?P<id>pct|docker): command not found"), "{id} is not installed on the host (or not on PATH)"),
-)
-
-
-def describe_container_failure(result: Result) -> str | None:
-    """A short explanation when a failed command never reached its container, else None."""
-    if result.exit_code == 0:
-        return None
-    for pattern, text in _CONTAINER_FAILURES:
-        if m := pattern.search(result.stderr):
-            return text.format(id=m.group("id"))
-    return None

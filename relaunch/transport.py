@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, Command, Result, host_argv, timed_out_on_host
+from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, Command, Result, describe_container_failure, host_argv, timed_out_on_host
 from relaunch.config import Host
 from relaunch.errors import CommandFailed, TransportError
 
@@ -29,7 +29,11 @@ def run(transport: Transport, command: Command, *, check: bool = True, advice: s
     """The one entry point steps use; turns a non-zero exit into CommandFailed when check is set."""
     result = transport.execute(command)
     if check and result.exit_code != 0:
-        raise CommandFailed(transport.host.label, command.display, result.exit_code, result.tail, advice)
+        # A command that never reached its container (stopped, missing, no pct) gets that said first.
+        container = describe_container_failure(result) if transport.host.container else None
+        raise CommandFailed(
+            transport.host.label, command.display, result, f"{container}; {advice}" if container and advice else container or advice
+        )
     return result
 
 

@@ -574,7 +574,7 @@ def client_env(api_url: str, auth: str, home: Path) -> dict[str, str]:
 
 def _launch_trainers(targets: list[Any], broken: dict[int, str]) -> None:
     from relaunch import runlayout
-    from tasks.launch import launch
+    from relaunch.tasks.launch import launch
     from tests.targets import wait_for_exit
 
     def one(i: int) -> None:
@@ -791,7 +791,7 @@ class Engine:
     def create_host_limits(self) -> None:
         from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-        from flows.recover import host_limit_name
+        from relaunch.flows.recover import host_limit_name
 
         names = sorted({host_limit_name(t) for t in self.targets})
         self.call(lambda c: [c.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=n, limit=1)) for n in names])
@@ -816,8 +816,8 @@ def _deploy(engine: Engine) -> None:
     from prefect.utilities.callables import parameter_schema
     from prefect.workers.process import ProcessWorker
 
-    from flows.fleet import check_fleet
-    from flows.recover import recover_training
+    from relaunch.flows.fleet import check_fleet
+    from relaunch.flows.recover import recover_training
 
     pull = [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}]
     fleet_params = {"targets": [t.model_dump(mode="json") for t in engine.targets], "recover": True, "max_concurrent": 8}
@@ -935,8 +935,8 @@ def _stop_trainers(targets: list[Any]) -> None:
     """Every trainer on the hosts, by its records (relaunch's own stop); what is left dies with its namespace."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from relaunch.tasks.stop import plan_stop
     from relaunch.transport import run, transport_for
-    from tasks.stop import plan_stop
 
     def stop(t: Any) -> None:
         try:

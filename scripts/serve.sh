@@ -135,10 +135,10 @@ if [ "$PREPARE" = 1 ]; then stop_demo_trainer; fi
 # While the server starts: the demo target prepared (on stderr); the limit name of each host prefect.yaml names (fd 3).
 limits=$(python - "$PREPARE" 3>&1 1>&2 <<'EOF'
 import os, sys, types, yaml
-from flows.recover import host_limit_name
+from relaunch.flows.recover import host_limit_name
 from relaunch.config import Host
 if sys.argv[1] == "1":
-    __import__("demo.scenarios").scenarios.prepare("healthy", __import__("pathlib").Path(os.environ["RELAUNCH_DEMO_DIR"]))
+    __import__("relaunch.demo.scenarios").demo.scenarios.prepare("healthy", __import__("pathlib").Path(os.environ["RELAUNCH_DEMO_DIR"]))
 params = [d.get("parameters") or {} for d in yaml.safe_load(open("prefect.yaml")).get("deployments") or []]
 targets = [t for p in params for t in [p.get("target"), *(p.get("targets") or [])] if isinstance(t, dict)]
 names = {host_limit_name(types.SimpleNamespace(host=Host.model_validate(t.get("host") or {}))) for t in targets}

@@ -14,7 +14,7 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import state_identity, utc_stamp
-from tasks.common import execute, log, step_task
+from relaunch.tasks.common import execute, log, step_task
 
 ADOPT = host_script("adopt")
 LOCK_WAIT_SECONDS = 30

@@ -16,8 +16,8 @@ from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
 from relaunch.snapshot import HealthSnapshot
 from relaunch.steps import StacksDetail, Step, StepRecord
-from tasks.common import execute, log, step_task, timed
-from tasks.rebuild_venv import installer_flags
+from relaunch.tasks.common import execute, log, step_task, timed
+from relaunch.tasks.rebuild_venv import installer_flags
 
 TOP_FRAMES = 3
 

@@ -14,10 +14,10 @@ from relaunch.host import host_script
 from relaunch.logtext import FAILURE_WORDS
 from relaunch.runfiles import TAIL_BYTES, TAIL_LINES, new_nonce, parse_snapshot, state_identity
 from relaunch.snapshot import HealthSnapshot
+from relaunch.tasks.adopt import adopt_run
+from relaunch.tasks.common import Progress as ProgressArtifact
+from relaunch.tasks.common import artifact_key, execute, log, step_task
 from relaunch.verdicts import Verdict
-from tasks.adopt import adopt_run
-from tasks.common import Progress as ProgressArtifact
-from tasks.common import artifact_key, execute, log, step_task
 
 # The progress artifact of a start-up is updated at most this often.
 PROGRESS_UPDATE_SECONDS = 5.0

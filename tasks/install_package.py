@@ -5,9 +5,9 @@ from __future__ import annotations
 from relaunch.commands import Command
 from relaunch.config import Target
 from relaunch.steps import InstallDetail, Step, StepRecord
-from tasks.common import execute, log, step_task, timed
-from tasks.leftovers import stop_earlier_try, tracked
-from tasks.rebuild_venv import installer_flags
+from relaunch.tasks.common import execute, log, step_task, timed
+from relaunch.tasks.leftovers import stop_earlier_try, tracked
+from relaunch.tasks.rebuild_venv import installer_flags
 
 
 def plan_install(target: Target, package: str) -> Command:

@@ -9,8 +9,8 @@ from relaunch.errors import CheckpointUnusable
 from relaunch.host import host_script
 from relaunch.runfiles import log_path, new_run_id, state_identity, trainer_command, trainer_spec
 from relaunch.steps import LaunchDetail, Step, StepRecord
-from tasks.common import execute, log, step_task, timed
-from tasks.leftovers import tracked
+from relaunch.tasks.common import execute, log, step_task, timed
+from relaunch.tasks.leftovers import tracked
 
 LAUNCH, LAUNCHER, SUPERVISOR = host_script("launch"), host_script("launcher"), host_script("supervisor")
 PID_WAIT_SECONDS = 30

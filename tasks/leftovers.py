@@ -17,7 +17,7 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.steps import LeftoversDetail, Step, StepRecord
-from tasks.common import execute, log, step_task, timed
+from relaunch.tasks.common import execute, log, step_task, timed
 
 REAP = host_script("reap_leftovers")
 

@@ -17,7 +17,7 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import HostBusy
 from relaunch.host import host_script
-from tasks.common import execute, log
+from relaunch.tasks.common import execute, log
 
 STALE_SECONDS = 600
 HEARTBEAT_SECONDS = 60

@@ -7,7 +7,7 @@ from relaunch.config import Target
 from relaunch.errors import PreflightFailed
 from relaunch.host import host_script
 from relaunch.steps import PreflightDetail, Step, StepRecord
-from tasks.common import execute, step_task, timed
+from relaunch.tasks.common import execute, step_task, timed
 
 PREFLIGHT = host_script("preflight")
 

@@ -34,8 +34,8 @@ from relaunch.errors import PreflightFailed, is_transient
 from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
 from relaunch.steps import BuildDetail, RebuildDetail, Step, StepRecord
-from tasks.common import Progress, artifact_key, execute, log, step_task, timed
-from tasks.leftovers import stop_earlier_try, tracked
+from relaunch.tasks.common import Progress, artifact_key, execute, log, step_task, timed
+from relaunch.tasks.leftovers import stop_earlier_try, tracked
 
 BUILDING_MARKER = ".relaunch-building"
 # Written last into a venv built aside: its first line is the rebuild's stamp, its second the build's findings

@@ -13,7 +13,7 @@ from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
 from relaunch.steps import RestoreDetail, Step, StepRecord
-from tasks.common import execute, step_task, timed
+from relaunch.tasks.common import execute, step_task, timed
 
 RESTORE = host_script("restore")
 # restore.sh's exit when the repo is mid-operation or holds unmerged files.

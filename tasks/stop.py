@@ -10,7 +10,7 @@ from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import state_identity
 from relaunch.steps import Step, StepRecord, StopDetail
-from tasks.common import execute, step_task, timed
+from relaunch.tasks.common import execute, step_task, timed
 
 # What stop.sh waits beyond the grace at most: SIGKILL's own wait, the log writer, the pane, the GPUs' release.
 STOP_OVERHEAD_SECONDS = 90

@@ -15,8 +15,8 @@ from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import trainer_env, utc_stamp
 from relaunch.steps import Step, StepRecord, WarmDetail
-from tasks.common import Progress, artifact_key, execute, log, step_task, timed
-from tasks.leftovers import stop_earlier_try, tracked
+from relaunch.tasks.common import Progress, artifact_key, execute, log, step_task, timed
+from relaunch.tasks.leftovers import stop_earlier_try, tracked
 
 WARMUP_TIMEOUT_SECONDS = 3 * 3600
 WARMING_MARKER = ".relaunch-warming"

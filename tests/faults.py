@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from demo.wheels import write_wheel
 from relaunch import runlayout
 from relaunch.config import Target
+from relaunch.demo.wheels import write_wheel
 from tests.sshd import cannot_run_here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -246,7 +246,7 @@ def making(tmp_path: Path, after: Callable[[Target], object] | None = None, **de
     """A factory of shell targets under tmp_path (`after` readies each); at the end every trainer and session they
     started is stopped and reaped, even when one stop complains (the first complaint is raised after)."""
     from relaunch.errors import CommandFailed
-    from tasks.stop import stop
+    from relaunch.tasks.stop import stop
     from tests.targets import shell_target
 
     targets: list[Target] = []

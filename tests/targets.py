@@ -8,10 +8,10 @@ import sys
 import uuid
 from pathlib import Path
 
-from demo.target import git
-from demo.wheels import build_all
 from relaunch import runlayout
 from relaunch.config import Target, Thresholds
+from relaunch.demo.target import git
+from relaunch.demo.wheels import build_all
 
 # A trainer in bash: step lines in the incident's format, fast, no torch.
 STEPPER = """#!/usr/bin/env bash
@@ -79,9 +79,9 @@ def stop_all(*targets: Target) -> None:
     """Stop every trainer a test started, even when one stop complains, then check none is left."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from relaunch.tasks.health import collect_snapshot
+    from relaunch.tasks.stop import plan_stop
     from relaunch.transport import run, transport_for
-    from tasks.health import collect_snapshot
-    from tasks.stop import plan_stop
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda t: run(transport_for(t.host), plan_stop(t, 20), check=False), targets))
@@ -93,7 +93,7 @@ def wait_for_exit(target: Target, timeout_seconds: float = 30) -> None:
     """Long-polls the host: each poll returns the moment the trainer exits."""
     import time
 
-    from tasks.health import collect_snapshot
+    from relaunch.tasks.health import collect_snapshot
 
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
@@ -104,7 +104,7 @@ def wait_for_exit(target: Target, timeout_seconds: float = 30) -> None:
 
 def finished(flow, **parameters):
     """Run a flow and return its report whether it ended Completed or Failed (a step's error is raised)."""
-    from flows.outcome import report_of
+    from relaunch.flows.outcome import report_of
 
     return report_of(flow(**parameters, return_state=True))
 

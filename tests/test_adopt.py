@@ -2,7 +2,7 @@
 
 Every run here is started as in the incident, by hand: `tmux new-session -d -s SESSION "bash stepper.sh 2>&1 |
 tee LOG"` (or a bare `python -c` whose stdout is a file), with no record in the state folder. The checks are the
-health poll's own functions (tasks.health), called as plain functions; the processes are real, named by PID and
+health poll's own functions (relaunch.tasks.health), called as plain functions; the processes are real, named by PID and
 start time before and after.
 """
 
@@ -20,10 +20,10 @@ import pytest
 
 from relaunch.errors import CommandFailed
 from relaunch.runfiles import state_identity
+from relaunch.tasks.adopt import adopt_run
+from relaunch.tasks.health import check_health, collect_snapshot
+from relaunch.tasks.launch import launch
 from relaunch.verdicts import Cause, Verdict
-from tasks.adopt import adopt_run
-from tasks.health import check_health, collect_snapshot
-from tasks.launch import launch
 from tests.faults import RELAUNCH, making
 from tests.handmade import Proc, kill_session, last_step, open_window, proc, reap, start_by_hand, tree, wait_for, write_kernel_line
 from tests.targets import current, tmux_alive

@@ -18,7 +18,7 @@ import pytest
 
 from relaunch import agent
 from relaunch.config import Target
-from tasks.launch import launch
+from relaunch.tasks.launch import launch
 from tests.faults import write_target
 from tests.targets import shell_target, stop_all
 

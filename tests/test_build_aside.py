@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from demo.wheels import write_wheel
+from relaunch.demo.wheels import write_wheel
 from relaunch.errors import CommandFailed, PreflightFailed
-from tasks.install_package import install_package
-from tasks.launch import launch
-from tasks.rebuild_venv import BUILDING_MARKER, BUILT_RECORD, aside_path, build_venv, lock_problems, network_lines, rebuild_venv
-from tasks.stop import stop
+from relaunch.tasks.install_package import install_package
+from relaunch.tasks.launch import launch
+from relaunch.tasks.rebuild_venv import BUILDING_MARKER, BUILT_RECORD, aside_path, build_venv, lock_problems, network_lines, rebuild_venv
+from relaunch.tasks.stop import stop
 from tests.faults import making, start_time, wait_for
 from tests.targets import current_log, shell_target
 

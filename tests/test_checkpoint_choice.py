@@ -19,9 +19,9 @@ from relaunch.checkpoints import Entry, RunFacts, choose, read_listing
 from relaunch.config import Target
 from relaunch.errors import CheckpointUnusable
 from relaunch.runfiles import trainer_command
+from relaunch.tasks.launch import describe, launch, pick_checkpoint, plan_list_checkpoints
+from relaunch.tasks.stop import stop
 from relaunch.transport import run, transport_for
-from tasks.launch import describe, launch, pick_checkpoint, plan_list_checkpoints
-from tasks.stop import stop
 from tests.faults import making, wait_for
 from tests.targets import shell_target
 
@@ -343,9 +343,9 @@ def test_after_a_real_stop_the_save_it_let_finish_is_taken_and_the_one_it_cut_sh
 def test_a_checkpoint_folder_the_launch_would_refuse_fails_the_recovery_before_the_live_run_is_stopped(target):
     """A stalled run whose checkpoint folder holds only names relaunch cannot use: the recovery's steps stop at the
     question asked before the stop, and the trainer is still the same process, stepping."""
-    from flows.recover import run_steps
+    from relaunch.flows.recover import run_steps
     from relaunch.playbook import Action
-    from tasks.health import collect_snapshot, poll_until_settled
+    from relaunch.tasks.health import collect_snapshot, poll_until_settled
 
     first = launch.fn(target, 1)[0]
     write(Path(target.checkpoint_dir) / "step_1000_model.pt")

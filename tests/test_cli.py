@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.launch import launch
+from relaunch.tasks.launch import launch
 from tests.faults import ROOT, write_target
 from tests.targets import shell_target, stop_all, tmux_alive, wait_for_exit
 

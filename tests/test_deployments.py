@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from demo.target import make_target
 from relaunch.config import Host, Target
+from relaunch.demo.target import make_target
 from relaunch.playbook import Action
-from tasks.health import collect_snapshot
-from tasks.launch import launch
+from relaunch.tasks.health import collect_snapshot
+from relaunch.tasks.launch import launch
 from tests.faults import wait_for
 from tests.targets import shell_target, stop_all, tmux_alive, wait_for_exit
 

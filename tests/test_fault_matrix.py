@@ -18,21 +18,21 @@ import tests.test_fleet_failures  # noqa: E402,F401 - its rows belong to the mat
 import tests.test_link_drop  # noqa: E402,F401
 import tests.test_multirank  # noqa: E402,F401
 import tests.test_never_lose_work  # noqa: E402,F401 - its rows belong to the matrix too
-from demo.target import git
-from demo.wheels import write_wheel
-from flows.recover import recover_training
 from relaunch.config import Target
+from relaunch.demo.target import git
+from relaunch.demo.wheels import write_wheel
 from relaunch.errors import CommandFailed, HostBusy, PreflightFailed
+from relaunch.flows.recover import recover_training
 from relaunch.playbook import Action
 from relaunch.report import Report
 from relaunch.steps import LaunchDetail
+from relaunch.tasks.launch import launch
+from relaunch.tasks.lock import lock_path
+from relaunch.tasks.rebuild_venv import BUILDING_MARKER, rebuild_venv
+from relaunch.tasks.rollback_venv import plan_rollback, rollback_venv
+from relaunch.tasks.stop import stop
+from relaunch.tasks.warm_cache import warm_cache
 from relaunch.verdicts import Cause, Verdict
-from tasks.launch import launch
-from tasks.lock import lock_path
-from tasks.rebuild_venv import BUILDING_MARKER, rebuild_venv
-from tasks.rollback_venv import plan_rollback, rollback_venv
-from tasks.stop import stop
-from tasks.warm_cache import warm_cache
 from tests.faults import (
     BAD_INPUT,
     DOC,

@@ -7,12 +7,12 @@ import os
 
 import pytest
 
-from flows.check import check_training
-from flows.fleet import check_fleet
+from relaunch.flows.check import check_training
+from relaunch.flows.fleet import check_fleet
 from relaunch.playbook import Action
+from relaunch.tasks.health import collect_snapshot
+from relaunch.tasks.launch import launch
 from relaunch.verdicts import Verdict
-from tasks.health import collect_snapshot
-from tasks.launch import launch
 from tests.targets import current, runs, shell_target, stop_all, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -129,3 +129,20 @@ def test_a_fleet_checks_result_loaded_from_its_entrypoint_as_a_worker_does_is_re
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.splitlines()[-1]) == ["relaunch.report", ["healthy"]]
+
+
+def test_the_python_call_the_docs_show_returns_the_fleet_report_when_a_target_is_not_fine(tmp_path):
+    """docs/operations.md: `report = fleet_report(targets, ...)`. The flow itself ends Failed (a person must be told),
+    so calling it raised `TypeError: Unexpected result for failed state`; the report is what a caller wants."""
+    from relaunch.flows.fleet import fleet_report
+
+    sick = shell_target(tmp_path / "sick", name="sick", env={"EXIT_AT": "2", "EXIT_CODE": "3"})
+    try:
+        launch.fn(sick, 1)
+        wait_for_exit(sick)
+        report = fleet_report([sick], recover=False)
+        with pytest.raises(Exception, match="Unexpected result for failed state|cannot be resolved into an exception"):
+            check_fleet([sick], recover=False)
+    finally:
+        stop_all(sick)
+    assert report.rows[0].found is Verdict.CRASHED and not report.rows[0].ok and "1 crashed" in report.summary()

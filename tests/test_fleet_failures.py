@@ -21,16 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from flows.recover import recover_training
 from relaunch.config import Target, Thresholds
 from relaunch.diagnosis import diagnose
+from relaunch.flows.recover import recover_training
 from relaunch.hardware import human_size
 from relaunch.playbook import Action
 from relaunch.report import Report
+from relaunch.tasks.health import collect_snapshot
+from relaunch.tasks.launch import launch, skipped_path
+from relaunch.tasks.stop import stop
 from relaunch.verdicts import Cause, Verdict
-from tasks.health import collect_snapshot
-from tasks.launch import launch, skipped_path
-from tasks.stop import stop
 from tests.faults import LOST, MID_STEP, case, live_trainers, making, reap, sha256, tmpfs, tree, wait_for
 from tests.sshd import cannot_run_here
 from tests.targets import runs, step_detail, wait_for_exit
@@ -417,7 +417,7 @@ def test_a_disk_that_filled_under_the_trainer_is_escalated_and_its_checkpoints_a
 
 
 def wheelhouse_or_skip() -> str:
-    from demo.target import wheelhouse
+    from relaunch.demo.target import wheelhouse
 
     try:
         path = wheelhouse()

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from relaunch.cli import app
 from relaunch.config import Target, Thresholds
 from relaunch.diagnosis import diagnose
-from tasks.health import collect_snapshot
+from relaunch.tasks.health import collect_snapshot
 from tests.test_diagnose_fixtures import CASES, LOGS
 
 

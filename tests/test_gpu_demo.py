@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from demo.scenarios import prepare
-from demo.target import GPU_THRESHOLDS
 from relaunch.config import Target
+from relaunch.demo.scenarios import prepare
+from relaunch.demo.target import GPU_THRESHOLDS
 from relaunch.steps import RebuildDetail
-from tasks.rebuild_venv import parse_pins, plan_rebuild, rebuild_venv
-from tasks.stop import stop
+from relaunch.tasks.rebuild_venv import parse_pins, plan_rebuild, rebuild_venv
+from relaunch.tasks.stop import stop
 from tests.targets import shell_target
 from tests.test_cli import typed
 

@@ -7,7 +7,7 @@ import time
 
 from prefect import flow_engine
 
-import flows  # noqa: F401 - importing the flows installs the change under test
+import relaunch.flows  # noqa: F401 - importing the flows installs the change under test
 from relaunch.heartbeats import installed
 
 

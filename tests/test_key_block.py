@@ -21,14 +21,14 @@ from typing import TypeVar
 import pytest
 import yaml
 
-from flows.check import check_training
 from relaunch.commands import Command
 from relaunch.config import Host, load_target
 from relaunch.errors import AuthenticationFailed, ConfigError
+from relaunch.flows.check import check_training
 from relaunch.ssh import PASSPHRASE_ENV, SSHTransport
+from relaunch.tasks.launch import launch
 from relaunch.transport import close_all
 from relaunch.verdicts import Verdict
-from tasks.launch import launch
 from tests.faults import wait_for
 from tests.sshd import SSHServer, keygen, sshd  # noqa: F401  (sshd is a fixture)
 from tests.targets import shell_target, stop_all

@@ -20,9 +20,9 @@ import pytest
 
 from relaunch.errors import CommandFailed
 from relaunch.runfiles import state_identity, trainer_env
-from tasks.health import collect_snapshot
-from tasks.launch import launch
-from tasks.stop import stop
+from relaunch.tasks.health import collect_snapshot
+from relaunch.tasks.launch import launch
+from relaunch.tasks.stop import stop
 from tests.faults import kill_group, making, start_time, tmpfs, wait_for
 from tests.targets import shell_target, tmux_alive
 

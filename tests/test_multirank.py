@@ -25,16 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from flows.recover import recover_training
 from relaunch import runlayout
 from relaunch.config import Target, Thresholds
 from relaunch.diagnosis import diagnose
+from relaunch.flows.recover import recover_training
 from relaunch.playbook import Action
 from relaunch.report import Report
+from relaunch.tasks.health import collect_snapshot
+from relaunch.tasks.launch import launch
+from relaunch.tasks.stop import stop
 from relaunch.verdicts import Cause, Verdict
-from tasks.health import collect_snapshot
-from tasks.launch import launch
-from tasks.stop import stop
 from tests.faults import MID_STEP, ONE, case, group_members, live_trainers, reap, start_time, wait_for
 from tests.sshd import cannot_run_here
 from tests.targets import current, runs, shell_target, step_detail, wait_for_exit
@@ -258,7 +258,7 @@ def test_a_killed_rank_is_named_the_whole_group_stopped_and_the_run_resumed_from
 
 
 def wheelhouse_or_skip() -> str:
-    from demo.target import wheelhouse
+    from relaunch.demo.target import wheelhouse
 
     try:
         path = wheelhouse()

@@ -32,16 +32,16 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from flows.check import check_training
-from flows.fleet import check_fleet
-from flows.recover import recover_training
 from relaunch import runlayout
 from relaunch.config import Target, Thresholds, load_target
 from relaunch.errors import ConfigError
+from relaunch.flows.check import check_training
+from relaunch.flows.fleet import check_fleet
+from relaunch.flows.recover import recover_training
+from relaunch.tasks.health import collect_snapshot
+from relaunch.tasks.launch import launch
+from relaunch.tasks.stop import stop
 from relaunch.verdicts import Cause, Verdict
-from tasks.health import collect_snapshot
-from tasks.launch import launch
-from tasks.stop import stop
 from tests.handmade import (
     Proc,
     dead,
@@ -579,7 +579,7 @@ JUDGED: dict[str, Judged] = {
 def test_check_recover_leaves_a_healthy_run_that_looks_sick_running(shape, tmp_path, bystanders):
     import time
 
-    from demo.target import git
+    from relaunch.demo.target import git
 
     j = JUDGED[shape]
     over = {**j.thresholds, **({"baseline_tokens_per_second": j.baseline} if j.baseline else {})}
@@ -635,7 +635,7 @@ def contents(*folders: str) -> dict[Path, bytes]:
 
 @with_server
 def test_a_recovery_of_a_crashed_run_leaves_every_log_and_checkpoint_byte_for_byte_or_appended_to(tmp_path, bystanders):
-    from demo.target import git
+    from relaunch.demo.target import git
 
     t = new_target(tmp_path / "t", launch_command="bash resume.sh")
     (Path(t.repo_dir) / "resume.sh").write_text(RESUME_SH)

@@ -9,11 +9,11 @@ import pytest
 import yaml
 
 from relaunch.diagnosis import diagnose
-from tasks.health import collect_snapshot, poll_until_settled
-from tasks.launch import launch
-from tasks.rebuild_venv import rebuild_venv
-from tasks.stop import stop
-from tasks.warm_cache import warm_cache
+from relaunch.tasks.health import collect_snapshot, poll_until_settled
+from relaunch.tasks.launch import launch
+from relaunch.tasks.rebuild_venv import rebuild_venv
+from relaunch.tasks.stop import stop
+from relaunch.tasks.warm_cache import warm_cache
 from tests.faults import BAD_INPUT, LOST, MID_STEP, RELAUNCH, ROOT, case, cli_env, making, tree
 from tests.targets import shell_target, wait_for_exit
 
@@ -39,7 +39,7 @@ def checkpoints(target, *names: str) -> None:
 
 
 def with_resume_script(target) -> None:
-    from demo.target import git
+    from relaunch.demo.target import git
 
     (Path(target.repo_dir) / "resume.sh").write_text(RESUME_SH)
     git(Path(target.repo_dir), "add", "resume.sh")

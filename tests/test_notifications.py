@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.launch import launch
+from relaunch.tasks.launch import launch
 from tests.faults import ROOT, cli_env, start_cli, wait_for, write_target
 from tests.targets import shell_target, stop_all, wait_for_exit
 
@@ -238,7 +238,7 @@ def test_a_failed_nightly_check_is_told_with_its_one_line_state_message(server, 
     script = (
         "import sys, yaml\n"
         "from prefect import tags\n"
-        "from flows.check import check_training\n"
+        "from relaunch.flows.check import check_training\n"
         "from relaunch.config import Target\n"
         "nightly, daytime = (Target.model_validate(yaml.safe_load(open(p))) for p in sys.argv[1:3])\n"
         "untagged = check_training(daytime, recover=False, return_state=True)\n"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.health import collect_snapshot
-from tasks.launch import launch
+from relaunch.tasks.health import collect_snapshot
+from relaunch.tasks.launch import launch
 from tests.faults import making, wait_for
 from tests.targets import current_log
 

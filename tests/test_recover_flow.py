@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from demo.scenarios import SCENARIOS, prepare
-from flows.check import check_training
-from flows.outcome import report_of
-from flows.recover import recover_training
+from relaunch.demo.scenarios import SCENARIOS, prepare
+from relaunch.flows.check import check_training
+from relaunch.flows.outcome import report_of
+from relaunch.flows.recover import recover_training
 from relaunch.playbook import Action
+from relaunch.tasks.launch import launch
+from relaunch.tasks.stop import stop
 from relaunch.verdicts import Verdict
-from tasks.launch import launch
-from tasks.stop import stop
 from tests.targets import shell_target
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

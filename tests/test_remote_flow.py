@@ -14,15 +14,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prefect import flow  # noqa: E402
 from sshd import SSHServer, sshd  # noqa: E402,F401  (sshd is a fixture)
 
-from flows.check import check_training  # noqa: E402
-from flows.recover import recover_training  # noqa: E402
 from relaunch.commands import Command  # noqa: E402
 from relaunch.config import Target  # noqa: E402
 from relaunch.errors import CommandFailed  # noqa: E402
+from relaunch.flows.check import check_training  # noqa: E402
+from relaunch.flows.recover import recover_training  # noqa: E402
+from relaunch.tasks.common import step_task  # noqa: E402
+from relaunch.tasks.stop import stop  # noqa: E402
 from relaunch.transport import close_all, run, transport_for  # noqa: E402
 from relaunch.verdicts import Cause, Verdict  # noqa: E402
-from tasks.common import step_task  # noqa: E402
-from tasks.stop import stop  # noqa: E402
 from tests.faults import wait_for  # noqa: E402
 from tests.targets import finished, shell_target  # noqa: E402
 
@@ -55,10 +55,12 @@ def test_the_whole_recovery_runs_over_ssh_through_a_container_on_one_connection(
 def test_a_check_through_a_stopped_container_names_host_container_and_command(tmp_path, sshd: SSHServer):
     sshd.set_containers(stopped=["201"])
     target = shell_target(tmp_path, host=sshd.container_host("pct", "201"))
-    with pytest.raises(Exception) as err:
+    with pytest.raises(CommandFailed) as err:
         check_training(target)
     text = str(err.value)
     assert "pct 201" in text and "health poll" in text and "exited" in text
+    assert "LXC container 201 is not running (start it with `pct start 201`)" in text, "what to do, in words"
+    assert "lxc-attach" in err.value.result.stderr and err.value.exit_code == err.value.result.exit_code != 0, "the error carries the result"
 
 
 def test_a_dropped_connection_is_retried_by_prefect_and_a_failed_command_is_not(tmp_path, sshd: SSHServer):
@@ -113,7 +115,7 @@ def sshd_child(server: SSHServer) -> int:
 
 
 def test_the_demo_target_recovers_over_ssh_through_a_container(tmp_path, sshd: SSHServer):
-    from demo.scenarios import prepare
+    from relaunch.demo.scenarios import prepare
 
     sshd.set_containers(running=["200"])
     # Broken and crashed, as the demo does it; its own name, so the demo scenario tests may run beside it.
@@ -135,7 +137,7 @@ def test_relaunch_check_reads_an_ssh_target_file_and_reports_json(tmp_path, sshd
 
     target = shell_target(tmp_path, host=sshd.container_host("docker", "trainer"))
     sshd.set_containers(running=["trainer"])
-    from tasks.launch import launch
+    from relaunch.tasks.launch import launch
 
     launch.fn(target, 1)
     path = tmp_path / "target.yaml"

@@ -7,8 +7,8 @@ import pytest
 from relaunch.checkpoints import Entry, choose, parse_listing, step_of
 from relaunch.config import Target
 from relaunch.playbook import STEPS, Action, redo_unfinished, steps_for
-from tasks.rebuild_venv import old_venvs_to_remove
-from tasks.warm_cache import CACHE_MARKER, foreign_entries, parse_aside
+from relaunch.tasks.rebuild_venv import old_venvs_to_remove
+from relaunch.tasks.warm_cache import CACHE_MARKER, foreign_entries, parse_aside
 
 GOOD = dict(name="t", repo_dir="/root/r", venv_dir="/root/r/.venv", lock_file="req.lock", launch_command="x", log_dir="/w/logs")
 

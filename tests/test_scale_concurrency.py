@@ -89,7 +89,7 @@ def task_names(engine, run_id) -> list[tuple[str, str]]:
 
 
 def slots_in_use(engine, target) -> int:
-    from flows.recover import host_limit_name
+    from relaunch.flows.recover import host_limit_name
 
     return engine.call(lambda c: c.read_global_concurrency_limit_by_name(host_limit_name(target))).active_slots
 

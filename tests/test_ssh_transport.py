@@ -18,9 +18,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sshd import SSHServer, keygen, running_sshd, sshd  # noqa: E402,F401  (sshd is a fixture)
 
-from relaunch.commands import Command, Result, script  # noqa: E402
+from relaunch.commands import (  # noqa: E402
+    Command,
+    Result,
+    describe_container_failure,  # noqa: E402
+    script,
+)
 from relaunch.errors import AuthenticationFailed, CommandFailed, CommandTooLong, HostKeyError, TransportError, is_transient  # noqa: E402
-from relaunch.ssh import PASSPHRASE_ENV, SSHTransport, describe_container_failure  # noqa: E402
+from relaunch.ssh import PASSPHRASE_ENV, SSHTransport  # noqa: E402
 from relaunch.transport import run  # noqa: E402
 from tests.faults import wait_for  # noqa: E402
 

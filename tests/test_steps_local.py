@@ -14,14 +14,14 @@ import pytest
 
 from relaunch.errors import CommandFailed, PreflightFailed
 from relaunch.host import host_script
+from relaunch.tasks.health import collect_snapshot, poll_until_settled
+from relaunch.tasks.launch import launch
+from relaunch.tasks.preflight import preflight
+from relaunch.tasks.rebuild_venv import rebuild_venv
+from relaunch.tasks.restore_code import restore_code
+from relaunch.tasks.stop import stop
+from relaunch.tasks.warm_cache import warm_cache
 from relaunch.verdicts import Cause, Verdict
-from tasks.health import collect_snapshot, poll_until_settled
-from tasks.launch import launch
-from tasks.preflight import preflight
-from tasks.rebuild_venv import rebuild_venv
-from tasks.restore_code import restore_code
-from tasks.stop import stop
-from tasks.warm_cache import warm_cache
 from tests.faults import making, wait_for
 from tests.targets import tmux_alive
 

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from relaunch.cli import app
 from relaunch.config import Target
-from tasks.launch import launch
-from tasks.stop import stop
+from relaunch.tasks.launch import launch
+from relaunch.tasks.stop import stop
 from tests.faults import making, start_time, wait_for
 from tests.targets import tmux_alive
 

@@ -16,9 +16,9 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from flows.recover import recover_training
 from relaunch.config import load_target
 from relaunch.errors import ConfigError
+from relaunch.flows.recover import recover_training
 from relaunch.paths import CONTROL, normalise, overlaps
 from relaunch.verdicts import Verdict
 from tests.faults import reap, tree

@@ -84,7 +84,7 @@ class Runs:
 
     def launched_target(self, name: str, **overrides: object) -> Path:
         """A target whose trainer runs in tmux; the path of its YAML file."""
-        from tasks.launch import launch
+        from relaunch.tasks.launch import launch
 
         target = shell_target(self.tmp_path / name, name=name, **overrides)
         self.targets.append(target)

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""The layers contract (`make lint`): each layer imports only the layers below it.
+
+    application wing  relaunch.cli, relaunch.entry, relaunch.agent, relaunch.dryrun
+    demo              relaunch.demo      (demo/)
+    flows             relaunch.flows     (flows/: order and branch)
+    tasks             relaunch.tasks     (tasks/: one module per recovery step)
+    core              every other relaunch.* module: pure judgement, models, transport; never imports upward
+
+Every import counts, also one inside a function (a deferred import is still a dependency). Read with `ast`, so
+nothing is imported to check it. `python scripts/check_layers.py [ROOT]` exits 1 naming each upward import.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+WING = frozenset({"relaunch.cli", "relaunch.entry", "relaunch.agent", "relaunch.dryrun"})
+# Folder in the checkout -> the package it installs as (pyproject's package-dir).
+FOLDERS = {"relaunch": "relaunch", "tasks": "relaunch.tasks", "flows": "relaunch.flows", "demo": "relaunch.demo"}
+RANK = {"core": 0, "tasks": 1, "flows": 2, "demo": 3, "wing": 4}
+
+
+def layer(module: str) -> str:
+    for name in ("tasks", "flows", "demo"):
+        if module == f"relaunch.{name}" or module.startswith(f"relaunch.{name}."):
+            return name
+    return "wing" if module in WING else "core"
+
+
+def modules(root: Path) -> dict[str, Path]:
+    out = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((root / folder).glob("*.py")):
+            out[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+    return out
+
+
+def imported(path: Path, module: str) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's own package
+                base = module.rsplit(".", node.level)[0]
+                found.append((node.lineno, f"{base}.{node.module}" if node.module else base))
+            elif node.module:
+                found.append((node.lineno, node.module))
+    return [(line, name) for line, name in found if name == "relaunch" or name.startswith("relaunch.")]
+
+
+def violations(root: Path) -> list[str]:
+    out = []
+    for module, path in modules(root).items():
+        for line, name in imported(path, module):
+            if RANK[layer(name)] > RANK[layer(module)]:
+                out.append(f"{path.relative_to(root)}:{line}: {module} ({layer(module)}) imports {name} ({layer(name)}), a layer above it")
+    return out
+
+
+def main() -> int:
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent
+    found = violations(root)
+    for line in found:
+        print(line)
+    if found:
+        print(f"layers contract broken: {len(found)} upward import(s); see scripts/check_layers.py for the layers", file=sys.stderr)
+        return 1
+    print(f"layers contract kept: {len(modules(root))} modules, core < tasks < flows < demo < application wing")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
