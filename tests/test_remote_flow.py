@@ -60,7 +60,9 @@ def test_a_check_through_a_stopped_container_names_host_container_and_command(tm
     text = str(err.value)
     assert "pct 201" in text and "health poll" in text and "exited" in text
     assert "LXC container 201 is not running (start it with `pct start 201`)" in text, "what to do, in words"
-    assert "lxc-attach" in err.value.result.stderr and err.value.exit_code == err.value.result.exit_code != 0, "the error carries the result"
+    assert "lxc-attach" in err.value.result.stderr and err.value.exit_code == err.value.result.exit_code != 0, (
+        "the error carries the result"
+    )
 
 
 def test_a_dropped_connection_is_retried_by_prefect_and_a_failed_command_is_not(tmp_path, sshd: SSHServer):
