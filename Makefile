@@ -11,9 +11,16 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup lint demo demo-all test serve bench bench-fleet scale-demo
+.PHONY: setup system-demo system-test lint demo demo-all test serve bench bench-fleet scale-demo
 
-setup: $(VENV)/.installed $(WHEELS)/.complete
+setup: system-demo $(VENV)/.installed $(WHEELS)/.complete
+
+# Debian packages: installed when missing (as root, with apt-get), else the apt-get line to run is printed.
+system-demo:
+	@scripts/system_deps.sh demo
+
+system-test:
+	@scripts/system_deps.sh test
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +42,7 @@ demo-all: setup
 
 # Lint first (seconds): ruff for Python, the layers contract (the core never imports upward), shellcheck for every
 # script relaunch runs on a host.
-lint: setup
+lint: setup system-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) scripts/check_layers.py

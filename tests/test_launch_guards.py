@@ -284,3 +284,41 @@ def test_launch_records_its_pane_claims_the_state_folder_and_ends_a_deliberate_s
     assert (run / "pane_id").read_text().strip() == pane_id
     assert not (Path(t.state_path) / "stopped").exists(), "a launch left the deliberate stop in place"
     assert (Path(t.state_path) / "target").read_text().strip() == state_identity(t)
+
+
+def _last_runs_lingering_pane(t) -> tuple[int, str]:
+    """The session as a dead run leaves it for a moment: its own recorded pane still open, its trainer gone."""
+    subprocess.run(["tmux", "new-session", "-d", "-s", t.tmux_session, "sleep infinity"], check=True)
+    pane_pid, pane_id = subprocess.check_output(
+        ["tmux", "list-panes", "-s", "-t", f"={t.tmux_session}", "-F", "#{pane_pid} #{pane_id}"], text=True
+    ).split()
+    run = Path(t.state_path) / "runs" / "r0"
+    run.mkdir(parents=True)
+    (run / "pane").write_text(f"{pane_pid} {start_time(int(pane_pid))}\n")
+    (run / "pane_id").write_text(pane_id + "\n")
+    (run / "pid").write_text("999999 1\n")  # long gone
+    (Path(t.state_path) / "current").write_text("r0\n")
+    return int(pane_pid), pane_id
+
+
+def test_the_last_runs_own_pane_left_behind_by_a_dead_trainer_is_closed_and_the_launch_goes_on(made):
+    t = made()
+    pane, _ = _last_runs_lingering_pane(t)
+    detail, _ = launch.fn(t, 1)
+    assert detail.pid and start_time(pane) is None, "the last run's own pane was closed, and the new run started"
+    assert collect_snapshot(t).pid_alive
+
+
+def test_a_session_holding_another_pane_beside_the_last_runs_is_still_refused(made):
+    t = made()
+    pane, _ = _last_runs_lingering_pane(t)
+    other = int(
+        subprocess.check_output(
+            ["tmux", "new-window", "-d", "-P", "-F", "#{pane_pid}", "-t", f"={t.tmux_session}:", "sleep infinity"], text=True
+        )
+    )
+    try:
+        refused(t, 11)
+        assert start_time(pane) and start_time(other), "a session with a pane that is not relaunch's is left whole"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", f"={t.tmux_session}"], capture_output=True)

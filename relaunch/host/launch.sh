@@ -63,6 +63,18 @@ if [ -n "$checkpoint_dir" ] && [ -d "$checkpoint_dir" ]; then
     exit 19
   fi
 fi
+# The last run's own pane (its `tail --pid` notices the supervisor's end only within a second) may outlive that run by a
+# moment: when it is the session's only pane, recorded as the last run's, and its trainer is gone, it is ours to close.
+if [ -n "$cur" ] && tmux has-session -t "=$session" 2>/dev/null; then
+  last=$(run_folder "$state" "$cur") lpane='' lstart='' lid=''
+  read_pid "$last/pane" lpane lstart; slurp lid "$last/pane_id"
+  if [ -n "$lid" ] && [ "$(tmux list-panes -s -t "=$session" -F '#{pane_pid}' 2>/dev/null)" = "$lpane" ] && alive "$lpane" "$lstart" \
+    && ! alive "$pid" "$pstart"; then
+    tmux kill-pane -t "$lid" 2>/dev/null
+    end=$(( SECONDS + 5 ))
+    while tmux has-session -t "=$session" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do nap 0.01; done
+  fi
+fi
 if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
 [ -e "$venv/.relaunch-building" ] && { echo "venv $venv is half-built (.relaunch-building): rebuild it before launching"; exit 15; }
 [ -e "$cache/.relaunch-warming" ] && { echo "compile cache $cache is half-warmed (.relaunch-warming): warm it again before launching"; exit 16; }

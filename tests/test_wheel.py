@@ -1,0 +1,54 @@
+"""relaunch as a product: the built wheel, installed into a fresh venv with no torch, is a working `relaunch` for a
+bastion or a laptop, and puts nothing but `relaunch` at the top of site-packages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.targets import shell_target
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_the_wheel_installed_without_torch_runs_version_diagnose_dry_run_and_check(tmp_path):
+    built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(ROOT)])
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("relaunch-*.whl")
+    venv = tmp_path / "venv"
+    uv = Path(sys.executable).parent / "uv"
+    python = getattr(sys, "_base_executable", sys.executable)
+    assert run([str(uv), "venv", "-q", "--python", python, str(venv)]).returncode == 0
+    installed = run([str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(wheel)])
+    assert installed.returncode == 0, installed.stderr[-2000:]
+
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (record,) = site.glob("relaunch-*.dist-info/RECORD")
+    tops = {line.split(",")[0].split("/")[0] for line in record.read_text().splitlines()}
+    assert {t for t in tops if not t.endswith(".dist-info") and t != ".."} == {"relaunch"}, tops
+    assert not list(site.glob("torch*")), "no torch for a bastion"
+
+    exe = venv / "bin" / "relaunch"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    assert run([str(exe), "--version"], env=env).stdout.startswith("relaunch ")
+    log = next((ROOT / "tests" / "fixtures" / "logs").rglob("*.log"))
+    diagnosed = run([str(exe), "diagnose", str(log), "--exit-code", "1"], env=env)
+    assert diagnosed.returncode in (0, 1) and "verdict:" in diagnosed.stdout, diagnosed.stdout + diagnosed.stderr
+
+    target = shell_target(tmp_path / "t")
+    path = tmp_path / "target.yaml"
+    path.write_text(yaml.safe_dump(target.model_dump(mode="json")))
+    dry = run([str(exe), "recover", "--dry-run", str(path)], env=env)
+    assert dry.returncode == 0 and "# build_venv" in dry.stdout and "# launch" in dry.stdout, dry.stdout + dry.stderr
+    checked = run([str(exe), "check", str(path)], env=env, cwd=tmp_path)
+    assert checked.returncode == 1 and "unknown" in checked.stdout, checked.stdout + checked.stderr[-2000:]
+    assert not os.path.exists(target.venv_dir), "a check changes nothing"
