@@ -6,7 +6,7 @@ from process start to exit, and must print `verdict: healthy` and exit 0. Two mo
 
 - `server`: PREFECT_API_URL set to a `prefect server start` this bench runs (its own PREFECT_HOME);
 - `temporary`: no server configured: relaunch starts its temporary server (Prefect's ephemeral default);
-- `agent`: as `server`, through a `relaunch agent start`ed once before the runs (relaunch/agent.py). Its CPU
+- `agent`: as `server`, through a `relaunch agent start`ed once before the runs (relaunch/cli/agent.py). Its CPU
   column counts the client only: the command runs in the agent's child, not a child of this bench.
 
     .venv/bin/python bench/record.py check_time -- .venv/bin/python bench/check_time.py [--runs 20]
@@ -82,10 +82,10 @@ def main() -> None:
     # Started in the background (SIGINT ignored) or stopped by a harness: SIGTERM still runs the clean-up below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    from relaunch.cli.tempserver import DEFAULT_LOCAL_API_URL, reachable
     from relaunch.demo.scenarios import prepare
     from relaunch.tasks.launch import launch
     from relaunch.tasks.stop import stop
-    from relaunch.tempserver import DEFAULT_LOCAL_API_URL, reachable
 
     if reachable(DEFAULT_LOCAL_API_URL):
         raise SystemExit(f"a Prefect server answers at {DEFAULT_LOCAL_API_URL}: the temporary mode would use it; stop it first")

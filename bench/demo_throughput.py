@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
 
     # As `relaunch` does in main(): its own temporary Prefect server, started before Prefect is imported.
-    from relaunch.tempserver import start_for_cli
+    from relaunch.cli.tempserver import start_for_cli
 
     start_for_cli(["demo"])
 

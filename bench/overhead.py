@@ -8,7 +8,7 @@ then recovered by one of three contenders, in a rotating order each round:
 - `relaunch-temp`: `.venv/bin/relaunch recover TARGET` with no Prefect server configured: relaunch starts its
   temporary one, as a new user gets it;
 - `relaunch-server`: the same with PREFECT_API_URL pointing at a `prefect server start` this bench runs;
-- `relaunch-agent`: the same again, through a `relaunch agent start`ed once before the rounds (relaunch/agent.py:
+- `relaunch-agent`: the same again, through a `relaunch agent start`ed once before the rounds (relaunch/cli/agent.py:
   Prefect and the flows already imported, the command forked with the caller's environment).
 Every contender but the agent's runs with RELAUNCH_AGENT=off, and the agent lives in a folder of the bench's own.
 
@@ -379,8 +379,8 @@ def main() -> None:
         parser.error(f"contenders are {', '.join(CONTENDERS)}")
     contenders = tuple(c for c in CONTENDERS if c in chosen)
 
+    from relaunch.cli.tempserver import DEFAULT_LOCAL_API_URL, reachable
     from relaunch.demo.scenarios import prepare
-    from relaunch.tempserver import DEFAULT_LOCAL_API_URL, reachable
 
     tmp = args.workdir or Path(tempfile.mkdtemp(prefix="relaunch-bench-overhead-"))
     tmp.mkdir(parents=True, exist_ok=True)

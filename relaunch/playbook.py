@@ -200,7 +200,7 @@ def _label(d: Diagnosis) -> str:
 
 
 def playbook_table() -> str:
-    """The README's playbook table, generated from PLAYBOOK."""
+    """The playbook table of docs/internals.md, generated from PLAYBOOK."""
     rows = ["| verdict | cause | action | steps | why |", "| --- | --- | --- | --- | --- |"]
     for (verdict, cause), (action, why, _) in PLAYBOOK.items():
         steps = " → ".join(s.value for s in STEPS[action]) or "—"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The layers contract (`make lint`): each layer imports only the layers below it.
 
-    application wing  relaunch.cli, relaunch.entry, relaunch.agent, relaunch.dryrun
+    application wing  relaunch.cli, relaunch.cli.entry, relaunch.cli.agent, relaunch.cli.dryrun
     demo              relaunch.demo      (demo/)
     flows             relaunch.flows     (flows/: order and branch)
     tasks             relaunch.tasks     (tasks/: one module per recovery step)
@@ -17,9 +17,15 @@ import ast
 import sys
 from pathlib import Path
 
-WING = frozenset({"relaunch.cli", "relaunch.entry", "relaunch.agent", "relaunch.dryrun"})
+WING = frozenset({"relaunch.cli", "relaunch.cli.entry", "relaunch.cli.agent", "relaunch.cli.dryrun"})
 # Folder in the checkout -> the package it installs as (pyproject's package-dir).
-FOLDERS = {"relaunch": "relaunch", "tasks": "relaunch.tasks", "flows": "relaunch.flows", "demo": "relaunch.demo"}
+FOLDERS = {
+    "relaunch": "relaunch",
+    "relaunch/cli": "relaunch.cli",
+    "tasks": "relaunch.tasks",
+    "flows": "relaunch.flows",
+    "demo": "relaunch.demo",
+}
 RANK = {"core": 0, "tasks": 1, "flows": 2, "demo": 3, "wing": 4}
 
 
@@ -27,7 +33,7 @@ def layer(module: str) -> str:
     for name in ("tasks", "flows", "demo"):
         if module == f"relaunch.{name}" or module.startswith(f"relaunch.{name}."):
             return name
-    return "wing" if module in WING else "core"
+    return "wing" if module == "relaunch.cli" or module.startswith("relaunch.cli.") else "core"
 
 
 def modules(root: Path) -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""The warm agent (relaunch/agent.py): commands run through it exactly as in-process, with the caller's
+"""The warm agent (relaunch/cli/agent.py): commands run through it exactly as in-process, with the caller's
 environment, folder, streams and signals; never for code it was not started with; never for someone else."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from relaunch import agent
+from relaunch.cli import agent
 from relaunch.config import Target
 from relaunch.tasks.launch import launch
 from tests.faults import write_target
@@ -234,7 +234,7 @@ def test_an_idle_agent_stops_and_removes_its_socket(tmp_path):
     sock = folder / "k.sock"
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relaunch.agent", "serve", str(sock), "0.5", str(write_fd)],
+        [sys.executable, "-m", "relaunch.cli.agent", "serve", str(sock), "0.5", str(write_fd)],
         pass_fds=(write_fd,),
         stderr=subprocess.PIPE,
         text=True,

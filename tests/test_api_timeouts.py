@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from relaunch import agent
+from relaunch.cli import agent
+from relaunch.cli.tempserver import API_ANSWER_SECONDS, API_REQUEST_TIMEOUT_SECONDS, api_client_defaults
 from relaunch.config import Target
-from relaunch.tempserver import API_ANSWER_SECONDS, API_REQUEST_TIMEOUT_SECONDS, api_client_defaults
 from tests.faults import write_target
 from tests.targets import shell_target, tmux_alive
 

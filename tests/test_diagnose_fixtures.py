@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from relaunch.cli import app
+from relaunch.cli.app import app
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

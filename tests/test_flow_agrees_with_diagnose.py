@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from relaunch.cli import app
+from relaunch.cli.app import app
 from relaunch.config import Target, Thresholds
 from relaunch.diagnosis import diagnose
 from relaunch.tasks.health import collect_snapshot

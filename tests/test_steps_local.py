@@ -188,7 +188,7 @@ def test_relaunch_rollback_venv_puts_the_previous_venv_back_in_one_command(targe
     import yaml
     from typer.testing import CliRunner
 
-    from relaunch.cli import app
+    from relaunch.cli.app import app
 
     subprocess.run(["uv", "venv", "-q", "--python", target.python, target.venv_dir], check=True)
     (Path(target.venv_dir) / "mine").write_text("the user's venv")

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from relaunch.cli import app
+from relaunch.cli.app import app
 from relaunch.config import Target
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop

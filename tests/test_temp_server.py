@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from relaunch.cli.tempserver import PREFECT_APP, needs_temp_server, start, start_for_cli
 from relaunch.config import Target, Thresholds
-from relaunch.tempserver import PREFECT_APP, needs_temp_server, start, start_for_cli
 from tests.targets import shell_target, stop_all
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")

@@ -443,7 +443,7 @@ def _spawn(environ: MutableMapping[str, str], listener: socket.socket, lifeline_
     args = ["--parent", str(os.getpid()), "--socket-fd", str(fds[0]), "--lifeline-fd", str(fds[1]), "--status-fd", str(fds[2]), PREFECT_APP]
     # Same process group as the CLI, as with Prefect's own server: a Ctrl-C reaches both.
     return subprocess.Popen(
-        [sys.executable, "-m", "relaunch.tempserver", *args], env={**environ, **SERVER_ENV}, stdin=subprocess.DEVNULL, pass_fds=fds
+        [sys.executable, "-m", "relaunch.cli.tempserver", *args], env={**environ, **SERVER_ENV}, stdin=subprocess.DEVNULL, pass_fds=fds
     )
 
 
@@ -460,7 +460,7 @@ def _await_decision(status_r: int, process: subprocess.Popen[bytes]) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The server side: `python -m relaunch.tempserver ...`, started by `_spawn`.
+# The server side: `python -m relaunch.cli.tempserver ...`, started by `_spawn`.
 
 
 def serve(parent: int, socket_fd: int, lifeline_fd: int, status_fd: int, app: str) -> int:
@@ -527,7 +527,7 @@ def _prefect_would_start_its_own() -> bool:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m relaunch.tempserver", description="A temporary Prefect API server that stops when its parent dies."
+        prog="python -m relaunch.cli.tempserver", description="A temporary Prefect API server that stops when its parent dies."
     )
     parser.add_argument("--parent", type=int, required=True, help="PID that must be our parent.")
     parser.add_argument("--socket-fd", type=int, required=True, help="Listening socket to serve on.")

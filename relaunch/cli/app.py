@@ -252,7 +252,7 @@ def recover(
 ) -> None:
     """Recover a target: diagnose, act on the verdict through the playbook, check again."""
     if dry_run:
-        from relaunch.dryrun import render
+        from relaunch.cli.dryrun import render
 
         with _errors():
             print(render(load_target(target_file)))
@@ -320,7 +320,7 @@ def logs(
     lines: int = typer.Option(100, "--lines", "-n", help="Lines of the end of the log to print first."),
 ) -> None:
     """Print the current attempt's log (over SSH too); -f follows it."""
-    from relaunch.logview import follow_log, log_path_of, tail_lines
+    from relaunch.cli.logview import follow_log, log_path_of, tail_lines
 
     with _errors():
         target = load_target(target_file)
@@ -394,8 +394,8 @@ def agent_stop() -> None:
 
 
 def _say_or_exit_1(call: Callable[[Any], str]) -> None:
-    """Print what relaunch.agent's CALL says; its AgentError is one line on stderr and exit 1."""
-    from relaunch import agent
+    """Print what relaunch.cli.agent's CALL says; its AgentError is one line on stderr and exit 1."""
+    from relaunch.cli import agent
 
     try:
         print(call(agent))
@@ -407,7 +407,7 @@ def _say_or_exit_1(call: Callable[[Any], str]) -> None:
 @agent_app.command("status")
 def agent_status() -> None:
     """Say which agents run; exit 0 when one serves the code as it is now, 1 otherwise."""
-    from relaunch import agent
+    from relaunch.cli import agent
 
     text, current = agent.status()
     print(text)
@@ -420,15 +420,15 @@ def prepare_environment() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # relaunch's own log lines (SSH connects, reconnects, host-key notes) go to the flow run's logs in the UI.
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "relaunch")
-    from relaunch.tempserver import api_client_defaults
+    from relaunch.cli.tempserver import api_client_defaults
 
-    # A per-request timeout shorter than Prefect's 60 s, unless the user set one (relaunch/tempserver.py, "Bounded waits").
+    # A per-request timeout shorter than Prefect's 60 s, unless the user set one (relaunch/cli/tempserver.py, "Bounded waits").
     api_client_defaults()
 
 
 def main() -> None:
     prepare_environment()
-    from relaunch.tempserver import runs_flow, start_for_cli
+    from relaunch.cli.tempserver import runs_flow, start_for_cli
 
     # Before anything imports Prefect, and from the main thread: Prefect's own temporary server outlives a killed CLI.
     server = start_for_cli(sys.argv[1:])
@@ -441,7 +441,7 @@ def main() -> None:
 
 def _exit_if_api_unanswered() -> None:
     """Before any flow runs (so before any host action): a configured API that never answers ends the command, exit 3."""
-    from relaunch.tempserver import unanswered_api
+    from relaunch.cli.tempserver import unanswered_api
 
     problem = unanswered_api()
     if problem:
@@ -450,7 +450,7 @@ def _exit_if_api_unanswered() -> None:
 
 
 def run_forked(argv: list[str]) -> None:
-    """The command ARGV in an agent's child (relaunch/agent.py), whose environment is now the caller's.
+    """The command ARGV in an agent's child (relaunch/cli/agent.py), whose environment is now the caller's.
 
     Prefect was imported by the agent, with the agent's settings: they are read again from this environment
     (and its working folder's files), and its logging set up again onto this process's streams.
@@ -458,7 +458,7 @@ def run_forked(argv: list[str]) -> None:
     from prefect.context import refresh_global_settings_context
     from prefect.settings import get_current_settings
 
-    from relaunch.tempserver import runs_flow, start_for_cli
+    from relaunch.cli.tempserver import runs_flow, start_for_cli
 
     sys.argv = argv
     prepare_environment()
@@ -538,7 +538,7 @@ def _import_flows() -> None:
     import gc
     import importlib
 
-    from relaunch.tempserver import command_of
+    from relaunch.cli.tempserver import command_of
 
     gc.disable()
     try:

@@ -68,11 +68,12 @@ def private_dir_problem(path: Path) -> str | None:
 
 
 def code_files(root: Path) -> list[Path]:
-    """What a child would run: relaunch's own packages and host scripts, next to each other in ROOT."""
+    """What a child would run: relaunch's own packages and host scripts, in ROOT as a checkout lays them out (flows/,
+    tasks/, demo/ beside relaunch/) or as the wheel does (all of them inside relaunch/)."""
     files: list[Path] = []
     for package in ("relaunch", "flows", "tasks", "demo"):
         folder = root / package
-        for pattern in ("*.py", "host/*.sh", "host/*.py"):
+        for pattern in ("*.py", "cli/*.py", "flows/*.py", "tasks/*.py", "demo/*.py", "host/*.sh", "host/*.py"):
             files.extend(sorted(folder.glob(pattern)))
     return files
 
@@ -81,7 +82,7 @@ def code_key(root: Path | None = None) -> str:
     """A hash of the interpreter and every file a child would run, by path, size and modification time."""
     import importlib.util
 
-    root = root or Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parents[2]  # relaunch/cli/agent.py: the folder holding relaunch/
     h = hashlib.sha256()
     h.update(f"{sys.executable}\0{sys.version}\0{os.getuid()}\0".encode())
     spec = importlib.util.find_spec("prefect")
@@ -188,7 +189,7 @@ def _wait_for_child(conn: socket.socket, pid: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# The agent: `python -m relaunch.agent serve SOCKET IDLE_SECONDS`, started by `relaunch agent start`.
+# The agent: `python -m relaunch.cli.agent serve SOCKET IDLE_SECONDS`, started by `relaunch agent start`.
 
 
 def serve(path: Path, idle_seconds: float, ready_fd: int = -1) -> int:
@@ -201,7 +202,7 @@ def serve(path: Path, idle_seconds: float, ready_fd: int = -1) -> int:
     import selectors
     import time
 
-    from relaunch import cli
+    from relaunch.cli import app as cli
 
     cli.prepare_environment()
     gc.disable()  # what imports allocate lives for good: collections during them free nothing (cli._import_flows)
@@ -370,7 +371,7 @@ def _child(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os.environ.update(request["env"])
         _reopen_stdio()
         threading.Thread(target=_leave_with_client, args=(conn,), daemon=True, name="relaunch-agent-client").start()
-        from relaunch import cli
+        from relaunch.cli import app as cli
 
         cli.run_forked(["relaunch", *request["argv"]])  # exits through cli._exit_now
     except BaseException:  # noqa: BLE001 - the child must never return into the agent's loop
@@ -478,7 +479,7 @@ def start(idle_seconds: float) -> str:
     with open(log, "ab") as out:
         os.chmod(log, 0o600)
         process = subprocess.Popen(
-            [sys.executable, "-m", "relaunch.agent", "serve", str(path), str(idle_seconds), str(ready_w)],
+            [sys.executable, "-m", "relaunch.cli.agent", "serve", str(path), str(idle_seconds), str(ready_w)],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
@@ -574,7 +575,7 @@ def status() -> tuple[str, bool]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 4 or args[0] != "serve":
-        print("usage: python -m relaunch.agent serve SOCKET IDLE_SECONDS READY_FD (`relaunch agent start` runs it)", file=sys.stderr)
+        print("usage: python -m relaunch.cli.agent serve SOCKET IDLE_SECONDS READY_FD (`relaunch agent start` runs it)", file=sys.stderr)
         return 2
     return serve(Path(args[1]), float(args[2]), int(args[3]))
 
