@@ -13,9 +13,11 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
 .PHONY: setup system-demo system-test lint demo demo-all test serve bench bench-fleet scale-demo
 
-setup: system-demo $(VENV)/.installed $(WHEELS)/.complete
+setup: $(VENV)/.installed $(WHEELS)/.complete
 
 # Debian packages: installed when missing (as root, with apt-get), else the apt-get line to run is printed.
+# Asked by the set-up's first step, by `make demo` and by `make test` (through lint); not a prerequisite of
+# `setup`, so that `make -q setup` still says whether the venv is current.
 system-demo:
 	@scripts/system_deps.sh demo
 
@@ -23,6 +25,7 @@ system-test:
 	@scripts/system_deps.sh test
 
 $(VENV)/.installed: pyproject.toml
+	@scripts/system_deps.sh demo
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q '$(TORCH)' uv
@@ -34,7 +37,7 @@ $(WHEELS)/.complete: $(VENV)/.installed
 	$(PY) -m pip download -q '$(TORCH)' numpy py-spy -d $(WHEELS)
 	touch $@
 
-demo: setup
+demo: setup system-demo
 	$(VENV)/bin/relaunch demo --scenario $(SCENARIO)
 
 demo-all: setup

@@ -62,6 +62,16 @@ class TransportError(RelaunchError):
         msg = f"on {host}: cannot run `{command}`: {reason}"
         super().__init__(f"{msg}\n  what to do: {advice}" if advice else msg)
 
+    @classmethod
+    def timed_out(cls, host: str, command: str, timeout: float) -> TransportError:
+        """A command that ran past its timeout (stopped on the host): worth a retry, or a longer timeout."""
+        return cls(
+            host,
+            command,
+            f"timed out after {timeout:g} s (stopped on the host)",
+            "raise the step's timeout if it is just slow, or check the host's load",
+        )
+
 
 class HostKeyError(RelaunchError):
     """The host key is unknown or changed: never retried, a person must decide."""

@@ -31,7 +31,6 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, MAX_COMMAND_BYTES, Command, Result, host_argv, timed_out_on_host
 from relaunch.config import Host, JumpHost, SSHLogin
 from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, TransportError
-from relaunch.transport import timeout_error
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +239,7 @@ class SSHTransport:
                 remote, hide=True, warn=True, in_stream=False, pty=False, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, encoding="utf-8"
             )
         except CommandTimedOut as exc:
-            raise timeout_error(self.host.label, command, timeout) from exc
+            raise TransportError.timed_out(self.host.label, command.display, timeout) from exc
         except _WIRE_ERRORS as exc:
             self._discard(conn)
             raise TransportError(
@@ -263,7 +262,7 @@ class SSHTransport:
             )
         result = Result(out.exited, out.stdout, out.stderr, elapsed)
         if timed_out_on_host(result, timeout):
-            raise timeout_error(self.host.label, command, timeout)
+            raise TransportError.timed_out(self.host.label, command.display, timeout)
         return result
 
     def close(self) -> None:

@@ -37,15 +37,6 @@ def run(transport: Transport, command: Command, *, check: bool = True, advice: s
     return result
 
 
-def timeout_error(host: str, command: Command, timeout: float) -> TransportError:
-    return TransportError(
-        host,
-        command.display,
-        f"timed out after {timeout:g} s (stopped on the host)",
-        "raise the step's timeout if it is just slow, or check the host's load",
-    )
-
-
 class LocalTransport:
     """Commands on this machine, through the same bash (and container) layers as a remote host."""
 
@@ -61,7 +52,7 @@ class LocalTransport:
                 argv, capture_output=True, timeout=timeout + HOST_TIMEOUT_GRACE_SECONDS, stdin=subprocess.DEVNULL, env=local_env()
             )
         except subprocess.TimeoutExpired as exc:
-            raise timeout_error(self.host.label, command, timeout) from exc
+            raise TransportError.timed_out(self.host.label, command.display, timeout) from exc
         except OSError as exc:
             raise TransportError(
                 self.host.label,
@@ -74,7 +65,7 @@ class LocalTransport:
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         result = Result(code, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"), time.monotonic() - start)
         if timed_out_on_host(result, timeout):
-            raise timeout_error(self.host.label, command, timeout)
+            raise TransportError.timed_out(self.host.label, command.display, timeout)
         return result
 
     def close(self) -> None:

@@ -5,7 +5,8 @@
     demo              relaunch.demo      (demo/)
     flows             relaunch.flows     (flows/: order and branch)
     tasks             relaunch.tasks     (tasks/: one module per recovery step)
-    core              every other relaunch.* module: pure judgement, models, transport; never imports upward
+    core              every other relaunch.* module: pure judgement, models, transport, the steps' host commands
+                      (relaunch.plans, so the dry run and `stop` start without Prefect); never imports upward
 
 Every import counts, also one inside a function (a deferred import is still a dependency). Read with `ast`, so
 nothing is imported to check it. `python scripts/check_layers.py [ROOT]` exits 1 naming each upward import.
@@ -22,6 +23,7 @@ WING = frozenset({"relaunch.cli", "relaunch.cli.entry", "relaunch.cli.agent", "r
 FOLDERS = {
     "relaunch": "relaunch",
     "relaunch/cli": "relaunch.cli",
+    "relaunch/plans": "relaunch.plans",
     "tasks": "relaunch.tasks",
     "flows": "relaunch.flows",
     "demo": "relaunch.demo",

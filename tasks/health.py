@@ -6,13 +6,11 @@ import time
 
 from pydantic import BaseModel, Field
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
 from relaunch.errors import CommandFailed, StateFolderTaken
-from relaunch.host import host_script
-from relaunch.logtext import FAILURE_WORDS
-from relaunch.runfiles import TAIL_BYTES, TAIL_LINES, new_nonce, parse_snapshot, state_identity
+from relaunch.plans.health import plan_snapshot
+from relaunch.runfiles import new_nonce, parse_snapshot, state_identity
 from relaunch.snapshot import HealthSnapshot
 from relaunch.tasks.adopt import adopt_run
 from relaunch.tasks.common import Progress as ProgressArtifact
@@ -28,18 +26,6 @@ class HealthResult(BaseModel):
     snapshot: HealthSnapshot
     polls: int = Field(description="Round trips made.")
     seconds: float = Field(description="Time spent waiting for the verdict to settle.")
-
-
-def plan_snapshot(
-    target: Target, wait_seconds: float, nonce: str, tail_lines: int = TAIL_LINES, wake_on_log_write: bool = False
-) -> Command:
-    """One poll; the wait is sent in milliseconds so a fractional poll interval is honoured.
-
-    With `wake_on_log_write` the wait also ends when the trainer's log is written."""
-    args = (target.state_path, target.tmux_session, str(int(wait_seconds * 1000)), str(tail_lines), "1", nonce)
-    args += (target.venv_dir, target.inductor_cache_dir, str(TAIL_BYTES), FAILURE_WORDS, target.log_dir, target.checkpoint_dir or "")
-    args += ("1" if wake_on_log_write else "0", state_identity(target))
-    return script(host_script("snapshot"), *args, label="health poll", timeout_seconds=wait_seconds + 60)
 
 
 def collect_snapshot(target: Target, wait_seconds: float = 0, wake_on_log_write: bool = False) -> HealthSnapshot:

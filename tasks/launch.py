@@ -3,36 +3,21 @@
 from __future__ import annotations
 
 from relaunch.checkpoints import Choice, choose, read_listing
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import CheckpointUnusable
-from relaunch.host import host_script
-from relaunch.runfiles import log_path, new_run_id, state_identity, trainer_command, trainer_spec
+from relaunch.plans.launch import (  # noqa: F401 - re-exported: callers import these from here
+    LAUNCH,
+    LAUNCHER,
+    LIST_CHECKPOINTS,
+    PID_WAIT_SECONDS,
+    SUPERVISOR,
+    plan_launch,
+    plan_list_checkpoints,
+    skipped_path,
+)
+from relaunch.runfiles import log_path, new_run_id
 from relaunch.steps import LaunchDetail, Step, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
-from relaunch.tasks.leftovers import tracked
-
-LAUNCH, LAUNCHER, SUPERVISOR = host_script("launch"), host_script("launcher"), host_script("supervisor")
-PID_WAIT_SECONDS = 30
-
-# List checkpoint_dir NUL-separated (a name may hold a newline); the choice is made in Python. Checkpoints
-# that failed to load are recorded (mtime and name) in the state folder (appended first when one is refused now)
-# and listed as `S NAME` records: they are skipped, never renamed or deleted.
-LIST_CHECKPOINTS = host_script("list_checkpoints")
-
-
-def skipped_path(target: Target) -> str:
-    return f"{target.state_path}/skipped-checkpoints"
-
-
-def plan_list_checkpoints(target: Target, refuse: str | None = None) -> Command | None:
-    """The listing the choice is made from; the state folder is passed so the current run's end (a stop's
-    SIGTERM and SIGKILL, its exit code and when) is listed too."""
-    if not target.checkpoint_dir:
-        return None
-    args = (target.checkpoint_dir, skipped_path(target), refuse or "", target.state_path)
-    return script(LIST_CHECKPOINTS, *args, label="list checkpoints", timeout_seconds=120)
-
 
 # What each of launch.sh's refusals means and what to do (its header lists the same exit codes).
 LAUNCH_ADVICE = (
@@ -45,17 +30,6 @@ LAUNCH_ADVICE = (
     "20: the state folder belongs to another target (give each target its own state_dir); "
     "12/13/14: a folder, tmux or the supervisor failed: see the output"
 )
-
-
-def plan_launch(target: Target, run_id: str, checkpoint: str | None) -> tuple[Command, str]:
-    command = trainer_command(target, checkpoint)
-    args = (target.state_path, target.tmux_session, run_id, log_path(target, run_id), SUPERVISOR, LAUNCHER, str(PID_WAIT_SECONDS))
-    args += (target.venv_dir, target.inductor_cache_dir, checkpoint or "")
-    # launch.sh's arguments 11-13; the trainer's spec follows them.
-    args += (state_identity(target), target.legacy_state_path, target.checkpoint_dir or "", *trainer_spec(target, command))
-    # Recorded while it runs, so a retry or the next recovery can tell a launch still under way from a lost one.
-    launch = tracked(target, script(LAUNCH, *args, label="launch trainer in tmux", timeout_seconds=2 * PID_WAIT_SECONDS + 30))
-    return launch, command
 
 
 def pick_checkpoint(target: Target, listing: str | None, before_step: int | None = None) -> Choice:

@@ -9,36 +9,17 @@ leftover, and its whole group is stopped. Only recorded PIDs, never a name patte
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from prefect.context import TaskRunContext
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
-from relaunch.host import host_script
+from relaunch.plans.leftovers import (  # noqa: F401 - re-exported: callers import these from here
+    REAP,
+    inflight_dir,
+    plan_reap,
+    tracked,
+)
 from relaunch.steps import LeftoversDetail, Step, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
-
-REAP = host_script("reap_leftovers")
-
-
-def inflight_dir(target: Target) -> str:
-    return f"{target.state_path}/inflight"
-
-
-def tracked(target: Target, command: Command) -> Command:
-    """The same command, recorded on the host while it runs."""
-    return replace(command, track_in=inflight_dir(target))
-
-
-def plan_reap(target: Target, timeout_seconds: int = 20) -> Command:
-    return script(
-        REAP,
-        inflight_dir(target),
-        str(timeout_seconds),
-        label="stop leftovers of a killed recovery",
-        timeout_seconds=timeout_seconds * 4 + 30,
-    )
 
 
 def reap(target: Target) -> list[str]:

@@ -2,36 +2,15 @@
 
 from __future__ import annotations
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import PreflightFailed
-from relaunch.host import host_script
+from relaunch.plans.preflight import (  # noqa: F401 - re-exported: callers import these from here
+    PREFLIGHT,
+    plan_preflight,
+    problems_in,
+)
 from relaunch.steps import PreflightDetail, Step, StepRecord
 from relaunch.tasks.common import execute, step_task, timed
-
-PREFLIGHT = host_script("preflight")
-
-
-def plan_preflight(target: Target) -> Command:
-    min_kb = str(int(target.min_free_disk_gb * 1024 * 1024))
-    need_gpu = "1" if target.thresholds.expected_gpus else "0"
-    return script(
-        PREFLIGHT,
-        target.repo_dir,
-        target.known_good_ref,
-        target.lock_path,
-        target.venv_dir,
-        min_kb,
-        target.log_dir,
-        need_gpu,
-        target.python,
-        label="preflight",
-        timeout_seconds=60,
-    )
-
-
-def problems_in(stdout: str) -> list[str]:
-    return [line.removeprefix("PROBLEM: ") for line in stdout.splitlines() if line.startswith("PROBLEM: ")]
 
 
 @step_task("preflight")

@@ -8,32 +8,16 @@ it stops the run.
 
 from __future__ import annotations
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
-from relaunch.host import host_script
-from relaunch.runfiles import utc_stamp
+from relaunch.plans.restore_code import (  # noqa: F401 - re-exported: callers import these from here
+    MID_OPERATION_EXIT,
+    RESTORE,
+    plan_restore,
+)
 from relaunch.steps import RestoreDetail, Step, StepRecord
 from relaunch.tasks.common import execute, step_task, timed
 
-RESTORE = host_script("restore")
-# restore.sh's exit when the repo is mid-operation or holds unmerged files.
-MID_OPERATION_EXIT = 40
 ADVICE = "see the output: finish or abort the git operation in progress (or resolve the conflicts), or check the repo; nothing was restored"
-
-
-def plan_restore(target: Target, stamp: str | None = None, check_only: bool = False) -> Command:
-    stamp = stamp or utc_stamp()
-    patch = f"{target.state_path}/patches/{stamp}-restore.patch"
-    return script(
-        RESTORE,
-        "check" if check_only else "restore",
-        target.repo_dir,
-        target.known_good_ref,
-        patch,
-        *target.restore_paths,
-        label="check the repo can be restored" if check_only else "git restore",
-        timeout_seconds=120,
-    )
 
 
 def check_restorable(target: Target) -> None:

@@ -206,3 +206,30 @@ def test_a_connection_dropped_mid_rebuild_stops_the_first_install_and_leaves_a_u
     finally:
         host.up(0)
         reap(target)
+
+
+# A warm-up that takes a few seconds, so that it is seen (and held) on the host; it writes one kernel when done.
+SLOW_WARMUP = 'echo compiling; sleep 2; echo warmed > "$TORCHINDUCTOR_CACHE_DIR/kernel.bin"'
+
+
+@case(
+    MID_STEP,
+    "the SSH link to the host goes down while the warm-up compiles (held on the host, still running when Prefect retries warm_cache)",
+    "the retry first stops the first try's warm-up by its recorded PID and group, clears and warms the cache again: the cache is the retry's alone, one trainer, healthy",
+)
+def test_a_connection_dropped_mid_warm_up_stops_the_first_warm_up_and_warms_again(host: Fleet, tmp_path: Path):
+    target = target_on(host, tmp_path, warmup_command=SLOW_WARMUP)
+    try:
+        with recovering(target) as report:
+            held = drop_link_while_held(host, target, "warm-up", "the warm-up to start on the host")
+            wait_for(lambda: retrying(target, "warm_cache"), 60, "Prefect to give the dropped warm-up up and schedule a retry")
+            host.up(0)
+            result = report()
+        assert result.verdict is Verdict.HEALTHY, result.timeline()
+        assert start_time(held[0]) is None, "the first try's warm-up was stopped, not left writing beside the retry"
+        cache = Path(target.inductor_cache_dir)
+        assert (cache / "kernel.bin").read_text() == "warmed\n" and not (cache / ".relaunch-warming").exists()
+        assert len(live_trainers(target)) == 1
+    finally:
+        host.up(0)
+        reap(target)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from relaunch.tasks.launch import launch
 from relaunch.tasks.rebuild_venv import rebuild_venv
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
-from tests.faults import BAD_INPUT, LOST, MID_STEP, RELAUNCH, ROOT, case, cli_env, making, tree
+from tests.faults import BAD_INPUT, LOST, MID_STEP, RELAUNCH, ROOT, case, cli_env, making, tree, wait_for
 from tests.targets import shell_target, wait_for_exit
 
 # Resumes from a checkpoint folder: reads (never writes) the step it records.
@@ -127,6 +128,35 @@ def test_a_cache_holding_files_that_are_not_compile_cache_is_kept_aside_whole(ma
     kept = Path(step.detail.kept_aside)
     assert (kept / "my-notes.txt").read_text() == "not a kernel" and (kept / "ab" / "cab.so").exists()
     assert not (cache / "ab").exists()
+
+
+@case(
+    LOST,
+    "the compile cache shared with another job, which holds one of its kernels open while the recovery re-warms it",
+    "the cache is moved aside, never removed while in use: kept (named in the report, the PID said), the other job's file intact",
+)
+def test_a_cache_another_process_has_open_is_moved_aside_and_kept_never_removed(made):
+    t = made()
+    cache = Path(t.inductor_cache_dir)
+    (cache / "ab").mkdir(parents=True)
+    (cache / "ab" / "cab.so").write_text("kernel")
+    other = subprocess.Popen(
+        ["bash", "-c", 'exec 3< "$1"; read -r _ < /dev/stdin', "other-job", str(cache / "ab" / "cab.so")], stdin=subprocess.PIPE
+    )
+    try:
+        wait_for(
+            lambda: any(os.path.realpath(f"/proc/{other.pid}/fd/{fd}").endswith("cab.so") for fd in os.listdir(f"/proc/{other.pid}/fd")),
+            10,
+            "the other job to open the kernel",
+        )
+        step = warm_cache.fn(t)
+        kept = Path(step.detail.kept_aside)
+        assert (kept / "ab" / "cab.so").read_text() == "kernel", "a cache in use by another process is kept aside, never removed"
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+    assert not (cache / "ab").exists(), "the target's own cache is fresh"
 
 
 @case(

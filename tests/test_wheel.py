@@ -4,6 +4,7 @@ bastion or a laptop, and puts nothing but `relaunch` at the top of site-packages
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,10 @@ def run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_wheel_installed_without_torch_runs_version_diagnose_dry_run_and_check(tmp_path):
-    built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(ROOT)])
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources it builds.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "build", "*.egg-info", "__pycache__"))
+    built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(source)])
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("relaunch-*.whl")
     venv = tmp_path / "venv"

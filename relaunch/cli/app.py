@@ -158,7 +158,7 @@ def _write_target(target: Any, path: Path) -> Path:
 
 
 def _stop(target: Any, grace_seconds: float | None = None, deliberate: bool = False) -> Any:
-    from relaunch.tasks.stop import plan_stop
+    from relaunch.plans.stop import plan_stop
     from relaunch.transport import run, transport_for
 
     return run(transport_for(target.host), plan_stop(target, grace_seconds, deliberate=deliberate), check=False)

@@ -15,34 +15,18 @@ from relaunch.host import script_name
 from relaunch.steps import Step
 
 STAMP = "<STAMP>"
-NEWEST = "<newest usable checkpoint>"
 # A script's text is long and fixed (relaunch/host/*.sh): shown by its size, not inline.
 LONG_ARGUMENT = 200
 
 
 def planned(target: Target) -> list[tuple[Step, str, Command]]:
-    """(step, what, command) for the full procedure, in the order the recovery runs them."""
-    from relaunch.tasks.launch import plan_launch, plan_list_checkpoints
-    from relaunch.tasks.leftovers import plan_reap
-    from relaunch.tasks.preflight import plan_preflight
-    from relaunch.tasks.rebuild_venv import plan_build, plan_swap
-    from relaunch.tasks.restore_code import plan_restore
-    from relaunch.tasks.stop import plan_stop
-    from relaunch.tasks.warm_cache import plan_warm
+    """(step, what, command) for the full procedure, in the order the recovery runs them: preflight and the
+    leftovers' stop first (recover_training runs them before any action), then the full recovery's steps."""
+    from relaunch.plans import PLANS
+    from relaunch.playbook import Action, steps_for
 
-    out = [
-        (Step.PREFLIGHT, "preflight", plan_preflight(target)),
-        (Step.STOP_LEFTOVERS, "stop leftovers", plan_reap(target)),
-    ]
-    out += [(Step.BUILD_VENV, name, command) for name, command in plan_build(target, STAMP).items()]
-    out.append((Step.STOP, "stop", plan_stop(target)))
-    out += [(Step.REBUILD_VENV, name, command) for name, command in plan_swap(target, STAMP).items() if name != "siblings"]
-    out += [(Step.RESTORE_CODE, "git restore", plan_restore(target, STAMP))] if target.restore_paths else []
-    out += [(Step.WARM_CACHE, name, command) for name, command in plan_warm(target, STAMP).items()]
-    listing = plan_list_checkpoints(target)
-    out += [(Step.LAUNCH, "list checkpoints", listing)] if listing else []
-    out.append((Step.LAUNCH, "launch", plan_launch(target, "<RUN_ID>", NEWEST if listing else None)[0]))
-    return out
+    steps = [Step.PREFLIGHT, Step.STOP_LEFTOVERS, *steps_for(Action.FULL_RECOVERY)]
+    return [(step, what, command) for step in steps for what, command in PLANS[step](target, STAMP)]
 
 
 def shown(command: Command) -> str:

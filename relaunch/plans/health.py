@@ -1,0 +1,21 @@
+"""The host command of one health poll (relaunch/host/snapshot.sh); pure, no Prefect."""
+
+from __future__ import annotations
+
+from relaunch.commands import Command, script
+from relaunch.config import Target
+from relaunch.host import host_script
+from relaunch.logtext import FAILURE_WORDS
+from relaunch.runfiles import TAIL_BYTES, TAIL_LINES, state_identity
+
+
+def plan_snapshot(
+    target: Target, wait_seconds: float, nonce: str, tail_lines: int = TAIL_LINES, wake_on_log_write: bool = False
+) -> Command:
+    """One poll; the wait is sent in milliseconds so a fractional poll interval is honoured.
+
+    With `wake_on_log_write` the wait also ends when the trainer's log is written."""
+    args = (target.state_path, target.tmux_session, str(int(wait_seconds * 1000)), str(tail_lines), "1", nonce)
+    args += (target.venv_dir, target.inductor_cache_dir, str(TAIL_BYTES), FAILURE_WORDS, target.log_dir, target.checkpoint_dir or "")
+    args += ("1" if wake_on_log_write else "0", state_identity(target))
+    return script(host_script("snapshot"), *args, label="health poll", timeout_seconds=wait_seconds + 60)
