@@ -282,11 +282,3 @@ def test_adoption_refuses_a_missing_session_and_another_targets_state_folder(mad
         adopt_run(target)
     assert refused.value.exit_code == 20 and "belongs to another target (other /elsewhere other)" in str(refused.value)
     assert not (Path(target.state_path) / "current").exists() and pane.alive()
-
-
-def test_snapshot_and_adopt_share_one_text_for_panes_and_trees():
-    def block(name: str) -> str:
-        text = (HOST_DIR / name).read_text()
-        return text[text.index("# --- panes and process trees") : text.index("# --- end of panes and process trees ---")]
-
-    assert block("snapshot.sh") == block("adopt.sh")
