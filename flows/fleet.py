@@ -24,7 +24,7 @@ from pydantic import Field
 from relaunch.config import Target
 from relaunch.flows.check import merge_recovery
 from relaunch.flows.common import attempt_from
-from relaunch.flows.outcome import report_of
+from relaunch.flows.outcome import report_of, result_of
 from relaunch.flows.recover import host_limit_name, recover_training
 from relaunch.playbook import remedy
 from relaunch.report import FleetReport, FleetRow, Report
@@ -103,12 +103,7 @@ def fleet_report(
     state = check_fleet(
         targets=targets, recover=recover, max_concurrent=max_concurrent, settle_timeout_seconds=settle_timeout_seconds, return_state=True
     )
-    result = state.result(raise_on_failure=False)
-    if isinstance(result, FleetReport):
-        return result
-    if isinstance(result, BaseException):
-        raise result
-    raise TypeError(f"check-fleet ended {state.type.value} without a fleet report: {result!r}")
+    return result_of(state, FleetReport)
 
 
 def _refuse_duplicates(targets: list[Target]) -> None:

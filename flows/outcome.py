@@ -8,7 +8,7 @@ would be a lie.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext, TagsContext
@@ -17,6 +17,8 @@ from prefect.states import Failed
 from relaunch.config import Target
 from relaunch.report import Report
 from relaunch.tasks.common import log
+
+R = TypeVar("R")
 
 
 def is_fine(report: Report) -> bool:
@@ -38,14 +40,20 @@ def final_state(report: Report) -> Report | State:
     return Failed(message=one_line(report), data=report)
 
 
-def report_of(state: State) -> Report:
-    """The Report a flow run ended with, whether it Completed or Failed; raises what a step raised."""
+def result_of(state: State, kind: type[R]) -> R:
+    """The `kind` a flow run ended with, whether it Completed or Failed (a Failed ending carries it as its data); raises
+    what a step raised."""
     result = state.result(raise_on_failure=False)
-    if isinstance(result, Report):
+    if isinstance(result, kind):
         return result
     if isinstance(result, BaseException):
         raise result
-    raise TypeError(f"flow run ended {state.type.value} without a report: {result!r}")
+    raise TypeError(f"flow run ended {state.type.value} without a {kind.__name__}: {result!r}")
+
+
+def report_of(state: State) -> Report:
+    """The Report a flow run ended with, whether it Completed or Failed; raises what a step raised."""
+    return result_of(state, Report)
 
 
 def emit(event: str, target: Target, report: Report | None = None, **labels: Any) -> None:

@@ -25,6 +25,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from relaunch.runfiles import number_or_none
+
 # Extensions of single-file checkpoints; a folder checkpoint has none.
 EXTENSIONS = re.compile(r"\.(pt|pth|ckpt|bin|safetensors|tar|pkl|pickle|distcp|zip|npz|msgpack|h5|index)$", re.IGNORECASE)
 # The whole name must be a checkpoint name ending in its step number: `step_600`, `iter_0000900`,
@@ -433,7 +435,7 @@ def read_listing(stdout: str) -> Listing:
                 listing.refused.add((int(mtime), name))
         elif tag == "W":
             value, _, name = body.partition(" ")
-            if (number := _float(value)) is not None and name:
+            if (number := number_or_none(value, float)) is not None and name:
                 newest[name] = number
         elif tag in ("L", "C"):
             name, slash, value = body.partition("/")
@@ -444,24 +446,17 @@ def read_listing(stdout: str) -> Listing:
             run[key] = value.strip()
         elif len(tag) == 1:
             parts = body.split(" ", 2)
-            if len(parts) == 3 and parts[2] and (mtime := _float(parts[0])) is not None:
+            if len(parts) == 3 and parts[2] and (mtime := number_or_none(parts[0], float)) is not None:
                 listing.entries.append(Entry(name=parts[2], kind=tag, mtime=mtime, empty=parts[1] == "E"))
     for entry in listing.entries:
         entry.newest = newest.get(entry.name)
     code = run.get("exit_code", "")
     listing.run = RunFacts(
         run_id=run.get("run") or None,
-        started_at=_float(run.get("started_at")),
-        stop_term_at=_float(run.get("stop_term_at")),
-        stop_killed_at=_float(run.get("stop_killed_at")),
+        started_at=number_or_none(run.get("started_at"), float),
+        stop_term_at=number_or_none(run.get("stop_term_at"), float),
+        stop_killed_at=number_or_none(run.get("stop_killed_at"), float),
         exit_code=int(code) if code.lstrip("-").isdigit() else None,
-        exit_at=_float(run.get("exit_at")),
+        exit_at=number_or_none(run.get("exit_at"), float),
     )
     return listing
-
-
-def _float(text: str | None) -> float | None:
-    try:
-        return float(text) if text else None
-    except ValueError:
-        return None

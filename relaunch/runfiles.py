@@ -5,13 +5,17 @@ from __future__ import annotations
 import re
 import secrets
 import shlex
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from relaunch import runlayout
 from relaunch.config import Target
 from relaunch.gpufaults import parse_gpu_health
 from relaunch.logtext import clean_lines
 from relaunch.snapshot import DiskFree, GpuSample, HealthSnapshot
+
+N = TypeVar("N", int, float)
 
 TAIL_BYTES = 256 * 1024
 # Lines of the tail the diagnosis reads: enough for the step rate and the last traceback.
@@ -100,23 +104,23 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
                 fields[key] = value.strip()
         elif current is not None:
             current.append(line)
-    tail_start = _int(fields.get("tail_start")) or 0
+    tail_start = number_or_none(fields.get("tail_start"), int) or 0
     tail = clean_lines("\n".join(sections["tail"]))
     if fields.get("tail_partial") == "1" and tail:
         tail = tail[1:]
-    now = _float(fields.get("now"))
-    started, mtime = _float(fields.get("started_at")), _float(fields.get("log_mtime"))
+    now = number_or_none(fields.get("now"), float)
+    started, mtime = number_or_none(fields.get("started_at"), float), number_or_none(fields.get("log_mtime"), float)
     return HealthSnapshot(
         host=host,
         launched=fields.get("launched") == "1",
         run_id=fields.get("run_id") or None,
         session_alive=fields.get("session") == "1",
-        pid=_int(fields.get("pid")),
+        pid=number_or_none(fields.get("pid"), int),
         pid_alive=fields.get("pid_alive") == "1",
-        exit_code=_int(fields.get("exit_code")),
+        exit_code=number_or_none(fields.get("exit_code"), int),
         seconds_since_launch=(now - started) if now is not None and started is not None else None,
         seconds_since_log_write=max(0.0, now - mtime) if now is not None and mtime is not None else None,
-        log_size_bytes=_int(fields.get("log_size")) or 0,
+        log_size_bytes=number_or_none(fields.get("log_size"), int) or 0,
         log_tail=tail[-TAIL_LINES:],
         log_matches=_before_tail(sections["matches"], tail_start),
         gpus=parse_gpu_csv("\n".join(sections["gpu"])),
@@ -128,11 +132,11 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         log_mtime_epoch=mtime,
         checkpoint=fields.get("checkpoint") or None,
         unfinished_steps=fields.get("unfinished", "").split(),
-        stopped_at=_float(fields.get("stopped_at")),
+        stopped_at=number_or_none(fields.get("stopped_at"), float),
         state_owner=fields.get("state_owner") or None,
         adopted=fields.get("adopted") == "1",
         tree_pids=[int(line) for line in sections["tree"] if line.strip().isdigit()],
-        checkpoint_mtime_epoch=_float(fields.get("checkpoint_mtime")),
+        checkpoint_mtime_epoch=number_or_none(fields.get("checkpoint_mtime"), float),
         foreign=[line.strip() for line in sections["foreign"] if line.strip()],
         foreign_log=fields.get("foreign_log") or None,
         log_followed=fields.get("log_followed") or None,
@@ -182,15 +186,9 @@ def parse_gpu_csv(text: str) -> list[GpuSample]:
     return out
 
 
-def _float(value: str | None) -> float | None:
+def number_or_none(text: str | None, kind: Callable[[str], N]) -> N | None:
+    """A host file's number (`kind` of it), or None where the file was empty, missing or half-written."""
     try:
-        return float(value) if value else None
-    except ValueError:
-        return None
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value else None
+        return kind(text) if text else None
     except ValueError:
         return None

@@ -11,10 +11,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests import faults
 
 
 @dataclass(frozen=True)
@@ -130,16 +131,9 @@ def dead(procs: Iterable[Proc]) -> list[Proc]:
     return [p for p in procs if not p.alive()]
 
 
-def wait_for(condition: Callable[[], object], what: str, timeout_seconds: float = 20.0, every: float = 0.05) -> object:
-    """Poll a condition until it holds (returning its value) or the deadline passes (an AssertionError naming `what`)."""
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_seconds:.0f} s waiting for {what}")
-        time.sleep(every)
+def wait_for(condition: Callable[[], object], what: str, timeout_seconds: float = 20.0) -> object:
+    """tests.faults.wait_for with the description first, as this module's callers read best."""
+    return faults.wait_for(condition, timeout_seconds, what, interval=0.05)
 
 
 STEP = re.compile(r"\bstep=(\d+)")

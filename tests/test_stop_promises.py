@@ -108,22 +108,34 @@ def test_a_trainer_that_ignores_sigterm_is_sigkilled_after_the_targets_grace(mad
     assert (run_folder(t) / "exit_code").read_text().strip() == "137"
 
 
-def test_a_window_the_user_opened_in_relaunchs_session_survives_the_stop(made, tmp_path):
-    t = trainer(made, tmp_path, DEAF, grace=1)
+def user_window(session: str) -> tuple[str, str]:
+    """A window the user opens in the run's session, running `sleep infinity`: its pane id and its PID."""
     opened = subprocess.run(
-        ["tmux", "new-window", "-d", "-P", "-F", "#{pane_id} #{pane_pid}", "-t", f"={t.tmux_session}:", "sleep", "infinity"],
+        ["tmux", "new-window", "-d", "-P", "-F", "#{pane_id} #{pane_pid}", "-t", f"={session}:", "sleep", "infinity"],
         capture_output=True,
         text=True,
         check=True,
     )
-    pane, user_pid = opened.stdout.split()
+    pane, pid = opened.stdout.split()
+    return pane, pid
+
+
+def session_panes(session: str) -> list[str]:
+    """The pane ids left in every window of the session."""
+    return subprocess.run(
+        ["tmux", "list-panes", "-s", "-t", f"={session}", "-F", "#{pane_id}"], capture_output=True, text=True
+    ).stdout.split()
+
+
+def test_a_window_the_user_opened_in_relaunchs_session_survives_the_stop(made, tmp_path):
+    t = trainer(made, tmp_path, DEAF, grace=1)
+    pane, user_pid = user_window(t.tmux_session)
     detail = stop.fn(t).detail
     assert start_time(recorded_pid(t)) is None
     assert start_time(int(user_pid)) is not None, "the user's window was killed with relaunch's pane"
     assert tmux_alive(t.tmux_session), "the session holds the user's window: it stays"
     assert any(p.startswith(f"{pane} (PID {user_pid}: sleep infinity)") for p in detail.panes_left), detail.output
-    panes = subprocess.run(["tmux", "list-panes", "-s", "-t", f"={t.tmux_session}", "-F", "#{pane_id}"], capture_output=True, text=True)
-    assert panes.stdout.split() == [pane], "only the run's own pane was closed"
+    assert session_panes(t.tmux_session) == [pane], "only the run's own pane was closed"
 
 
 def test_a_run_recorded_before_panes_were_has_its_pane_found_by_its_launcher_and_only_that_pane_closed(made):
@@ -131,17 +143,10 @@ def test_a_run_recorded_before_panes_were_has_its_pane_found_by_its_launcher_and
     launch.fn(t, 1)
     for name in ("pane", "pane_id"):  # what a run launched by an older relaunch has: no pane record
         (run_folder(t) / name).unlink(missing_ok=True)
-    opened = subprocess.run(
-        ["tmux", "new-window", "-d", "-P", "-F", "#{pane_id} #{pane_pid}", "-t", f"={t.tmux_session}:", "sleep", "infinity"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    pane, user_pid = opened.stdout.split()
+    pane, user_pid = user_window(t.tmux_session)
     detail = stop.fn(t).detail
     assert start_time(int(user_pid)) is not None, detail.output
-    panes = subprocess.run(["tmux", "list-panes", "-s", "-t", f"={t.tmux_session}", "-F", "#{pane_id}"], capture_output=True, text=True)
-    assert panes.stdout.split() == [pane], "the run's own pane (its launcher, then `tail --pid`) is closed, the user's kept"
+    assert session_panes(t.tmux_session) == [pane], "the run's own pane (its launcher, then `tail --pid`) is closed, the user's kept"
     assert [p.split()[0] for p in detail.panes_left] == [pane], detail.output
 
 
