@@ -369,7 +369,7 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
         return _rank_failure(rank, snap, metrics, exit_text)
     if cause is not None and not (oom_kernel and cause[0] is Cause.ERROR):
         kind, package, decisive = cause
-        if kind is Cause.NCCL_FAILURE:
+        if kind is Cause.DISTRIBUTED_FAILURE:
             decisive = [*decisive, *collective_timeouts([*snap.log_matches, *snap.log_tail])]
             decisive += [rank.describe()] if rank else []
         summary = f"{kind.value}: {decisive[-1].strip()}" if decisive else kind.value

@@ -99,7 +99,7 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], Remedy] = {
     ),
     (Verdict.CRASHED, Cause.SILENT_EXIT): Remedy(Action.RELAUNCH, "vanished without a trace: relaunch from the newest checkpoint"),
     (Verdict.CRASHED, Cause.KILLED): Remedy(Action.RELAUNCH, "killed from outside: relaunch from the newest checkpoint"),
-    (Verdict.CRASHED, Cause.NCCL_FAILURE): Remedy(Action.RELAUNCH, "collective failed: relaunch from the newest checkpoint"),
+    (Verdict.CRASHED, Cause.DISTRIBUTED_FAILURE): Remedy(Action.RELAUNCH, "collective failed: relaunch from the newest checkpoint"),
     (Verdict.CRASHED, Cause.CUDA_OOM): Remedy(
         Action.RELAUNCH,
         "GPU out of memory: relaunch from the newest checkpoint once; if it repeats, reduce memory (e.g. average weights on CPU)",

@@ -38,7 +38,7 @@ class Cause(str, Enum):
     MISSING_DEPENDENCY = "missing_dependency"  # an import failed or a library asked to `pip install` X
     CUDA_OOM = "cuda_oom"  # torch.OutOfMemoryError / CUDA out of memory on a GPU
     HOST_OOM_KILLED = "host_oom_killed"  # the kernel's OOM killer took the process (exit 137 + kernel line)
-    NCCL_FAILURE = "nccl_failure"  # a collective failed or timed out in NCCL
+    DISTRIBUTED_FAILURE = "distributed_failure"  # a collective or rendezvous failed or timed out (NCCL, gloo, c10d, TCPStore, torchrun)
     COMPILE_ERROR = "compile_error"  # torch.compile / inductor failed to build a kernel
     KILLED = "killed"  # ended by a signal from outside (SIGTERM, SIGKILL) with no traceback
     GPU_FAULT = "gpu_fault"  # a GPU failed: kernel Xid, fallen off the bus, uncorrectable ECC, missing from nvidia-smi
@@ -96,7 +96,7 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
     (Cause.MISSING_DEPENDENCY, re.compile(r"\b(ModuleNotFoundError|ImportError)\b.*|.*\bpip install\b")),
     (Cause.CUDA_OOM, re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|CUDA error: out of memory")),
     (
-        Cause.NCCL_FAILURE,
+        Cause.DISTRIBUTED_FAILURE,
         re.compile(
             r"\bNCCL (error|WARN|INFO.*failed)|ProcessGroupNCCL|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|ncclInvalidUsage|Watchdog caught collective operation timeout|DistBackendError"
         ),

@@ -102,7 +102,7 @@ def test_gpu_csv_is_parsed_with_and_without_units():
 def test_the_first_failure_in_time_wins_over_its_knock_on_effects():
     lines = (LOGS / "gpu/nccl_then_oom.log").read_text().splitlines()
     d = diagnose(HealthSnapshot(launched=True, exit_code=1, log_tail=lines), T)
-    assert d.cause is Cause.NCCL_FAILURE
+    assert d.cause is Cause.DISTRIBUTED_FAILURE
     assert not any("out of memory" in e for e in d.evidence)
 
 
