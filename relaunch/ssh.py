@@ -30,7 +30,7 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 
 from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, MAX_COMMAND_BYTES, Command, Result, host_argv, timed_out_on_host
 from relaunch.config import Host, JumpHost, SSHLogin
-from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, TransportError
+from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, RelaunchError, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -293,13 +293,29 @@ class SSHTransport:
                 self._conn = None
         _close_quietly(conn)
 
-    def _open(self, command: Command) -> Connection:
+    def reach(self) -> list[tuple[str, RelaunchError | None]]:
+        """Open the route hop by hop, as the first command would, and say how far it got: (where, None) for each hop
+        reached and, when one failed, (where, its error) last; the hops behind it are never tried. The connection is
+        kept for the commands after (`relaunch doctor`)."""
+        reached: list[_Hop] = []
+        with self._lock:
+            if self._conn is None or not self._conn.is_connected:
+                try:
+                    self._conn = self._open(Command(("true",), label="connect"), reached.append)
+                except RelaunchError as exc:
+                    self._conn = None
+                    return [(hop.where, None) for hop in reached] + [(self._route[len(reached)].where, exc)]
+        return [(hop.where, None) for hop in self._route]
+
+    def _open(self, command: Command, reached: Callable[[_Hop], object] | None = None) -> Connection:
         # Hop by hop, each through the one before, so a failure is named by the hop it happened on; a jump host that
         # dropped is never reopened on its own: the whole route is built again.
         conn: Connection | None = None
         try:
             for i, hop in enumerate(self._route):
                 conn = self._open_hop(i, hop, conn, command)
+                if reached:
+                    reached(hop)
         except BaseException:
             if conn is not None:
                 _close_quietly(conn)

@@ -339,10 +339,12 @@ def bin_without(folder: Path, *missing: str) -> Path:
 
 
 @contextmanager
-def tmpfs(mount_point: Path, size: str) -> Iterator[Path]:
-    """A real small filesystem; skipped (with the reason) only where mounting is not permitted, failed so under CI=true."""
+def tmpfs(mount_point: Path, size: str, read_only: bool = False) -> Iterator[Path]:
+    """A real small filesystem (read-only: one nobody, root included, can write to); skipped (with the reason) only
+    where mounting is not permitted, failed so under CI=true."""
     mount_point.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True, text=True)
+    options = f"size={size},ro" if read_only else f"size={size}"
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount_point)], capture_output=True, text=True)
     if result.returncode != 0:
         cannot_run_here(
             f"cannot mount a tmpfs here ({result.stderr.strip() or 'mount exited ' + str(result.returncode)}): the disk-full case needs mount permission"

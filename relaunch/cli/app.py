@@ -1,4 +1,4 @@
-"""`relaunch`: demo, diagnose, check, recover, stop, adopt, logs, fleet, rollback-venv, agent."""
+"""`relaunch`: demo, diagnose, check, recover, stop, adopt, logs, fleet, rollback-venv, doctor, agent."""
 
 from __future__ import annotations
 
@@ -368,6 +368,38 @@ def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target Y
     with _errors():
         step = rollback_venv.fn(load_target(target_file))
     print(f"restored {step.detail.restored_from}; the replaced venv is kept as {step.detail.rolled_back_to}")
+
+
+@app.command()
+def doctor(
+    target_file: Path = typer.Argument(..., help="Target YAML."),
+    as_json: bool = typer.Option(False, "--json", help="Print every check (name, status, detail, advice) as JSON."),
+) -> None:
+    """Say whether the target is reachable and sane, one line per check with what to do: every hop and its host key, the
+    container, tmux, git, uv, nvidia-smi and the GPUs, free disk, writable folders, the lock, the Prefect API. Changes
+    nothing (records no host key). Exit 0 only when every check passes; the first command to run on a new target."""
+    from relaunch.cli.doctor import examine
+    from relaunch.cli.tempserver import configured_api_url
+    from relaunch.plans.doctor import passed, render
+
+    with _errors():
+        target = load_target(target_file)
+        checks = examine(target, configured_api_url())
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "target": target.name,
+                    "host": target.host.label,
+                    "passed": passed(checks),
+                    "checks": [c.model_dump(mode="json") for c in checks],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(render(target, checks))
+    raise typer.Exit(0 if passed(checks) else 1)
 
 
 agent_app = typer.Typer(

@@ -347,31 +347,52 @@ def unanswered_api(api_url: str | None = None, timeout_seconds: float = API_ANSW
     is alive, and a refused connection, an unknown name or a TLS failure fails Prefect's own first request at
     once, with its own message. Without API_URL, Prefect's resolved setting (profile, prefect.toml, ...) is read.
     """
-    import httpx
-
     if api_url is None:
-        from prefect.settings import get_current_settings
-
-        api_url = get_current_settings().api.url
+        api_url = configured_api_url()
     if not api_url:
         return None  # Prefect starts its own temporary server
-    health = f"{api_url.rstrip('/')}/health"
-    try:
-        httpx.get(health, timeout=timeout_seconds)
-    except httpx.ConnectTimeout:
-        what = f"did not accept a connection within {timeout_seconds:.0f} s"
-    except httpx.TimeoutException:
-        what = f"accepted the connection but did not answer GET {health} within {timeout_seconds:.0f} s"
-    except httpx.HTTPError:
+    problem = api_health(api_url, timeout_seconds)
+    if problem is None or not problem.timed_out:
         return None
-    else:
-        return None
+    what = problem.what
     return (
         f"relaunch: the Prefect API at {api_url} {what}; nothing was done on any host.\n"
         "  what to do: see to that server (is it up, hung, overloaded? its log; `prefect server status`), or point "
         "PREFECT_API_URL at one that answers, or unset it (and any in your Prefect profile: `prefect config view`) "
         "to run this command on a temporary server of its own"
     )
+
+
+def configured_api_url() -> str | None:
+    """The API URL Prefect resolved from its settings (environment, profile, prefect.toml, ...); None: none is set."""
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
+
+
+@dataclass(frozen=True)
+class HealthProblem:
+    what: str  # completes "the Prefect API at URL ..."
+    timed_out: bool  # it never answered: a hung server (other failures come back at once, with Prefect's own message)
+
+
+def api_health(api_url: str, timeout_seconds: float = API_ANSWER_SECONDS) -> HealthProblem | None:
+    """Why `GET {api}/health` through httpx (as Prefect's client sends its requests: its proxy variables, TLS settings)
+    got no healthy answer within timeout_seconds; None when it did."""
+    import httpx
+
+    health = f"{api_url.rstrip('/')}/health"
+    try:
+        response = httpx.get(health, timeout=timeout_seconds)
+    except httpx.ConnectTimeout:
+        return HealthProblem(f"did not accept a connection within {timeout_seconds:.0f} s", True)
+    except httpx.TimeoutException:
+        return HealthProblem(f"accepted the connection but did not answer GET {health} within {timeout_seconds:.0f} s", True)
+    except httpx.HTTPError as exc:
+        return HealthProblem(f"cannot be reached: {type(exc).__name__}: {exc}", False)
+    if response.status_code != 200:
+        return HealthProblem(f"answered GET {health} with HTTP {response.status_code} {response.reason_phrase}", False)
+    return None
 
 
 def reachable(api_url: str, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> bool:
