@@ -17,7 +17,7 @@ from relaunch.flows.common import attempt_from, publish, publish_ledger
 from relaunch.flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
 from relaunch.hardware import gpu_indexes_of
 from relaunch.history import Night, Storm, across_nights, night_of, restart_storm
-from relaunch.ledger import GpuFault, Ledger, gpu_faults, place
+from relaunch.ledger import GpuFault, Ledger, gpu_faults, place, target_gpus
 from relaunch.playbook import Action, choose_action, resume_constraints, steps_for
 from relaunch.report import Report
 from relaunch.runfiles import new_run_id, utc_stamp
@@ -182,7 +182,8 @@ def _attempts(
             found = gpu_faults(health.snapshot, gpu_indexes_of(running))
             faults += [f for f in found if all(f.bus_id != g.bus_id for g in faults)]
             ledger = ledger.with_faults(found, night.at, target.name, night.flow_run)
-        placement = place(ledger, health.snapshot.gpu_health, gpu_indexes_of(target), target.spare_gpus, target.min_gpus)
+        gpus = target_gpus(gpu_indexes_of(target), target.thresholds.expected_gpus)
+        placement = place(ledger, health.snapshot.gpu_health, gpus, target.spare_gpus, target.min_gpus)
         action, why = across_nights(action, why, health.diagnosis, storm if number == 1 else None, placement)
         running = on_gpus(target, placement.visible)
         attempt = attempt_from(number, health, action, why)

@@ -151,16 +151,18 @@ class Placement(BaseModel):
 
 def place(ledger: Ledger, health: list[GpuHealth], target_gpus: list[int] | None, spare_gpus: list[int], min_gpus: int | None) -> Placement:
     """Keep the target off every ledgered GPU: swap each for a spare (world size kept), else run on fewer where the
-    trainer accepts at least min_gpus, else block. target_gpus: its CUDA_VISIBLE_DEVICES (None: all the host's)."""
+    trainer accepts at least min_gpus, else block. target_gpus: from ledger.target_gpus (None: all the host lists)."""
     indexed = [(e, _index_now(e, health)) for e in ledger.gpus]
     ours = target_gpus if target_gpus is not None else sorted(g.index for g in health)
+    if not ours:
+        return Placement()  # no GPU declared, none listed: a run on the CPU, which no GPU of the ledger concerns
     # A ledgered GPU whose index is unknown (it left nvidia-smi, and its index was never seen) may be any of the target's.
-    banned = [e for e, i in indexed if i is None or i in ours or (target_gpus is None and not ours)]
+    banned = [e for e, i in indexed if i is None or i in ours]
     if not banned:
         return Placement()
     names = "; ".join(e.line() for e in banned)
     bad = {i for _, i in indexed if i is not None}
-    if any(i is None for e, i in indexed if e in banned) or not ours:
+    if any(i is None for e, i in indexed if e in banned):
         return Placement(banned=banned, why=f"{names}: which GPU index it has now is unknown, so no relaunch can be kept off it")
     good = [g for g in ours if g not in bad]
     spares = [s for s in spare_gpus if s not in bad and s not in ours]
@@ -182,6 +184,13 @@ def place(ledger: Ledger, health: list[GpuHealth], target_gpus: list[int] | None
     return Placement(
         banned=banned, visible=visible, why=f"{names}: relaunched on GPUs {','.join(map(str, visible))} ({how}; CUDA_VISIBLE_DEVICES set)"
     )
+
+
+def target_gpus(visible: list[int] | None, expected_gpus: int) -> list[int] | None:
+    """The GPU indexes a target runs on: its CUDA_VISIBLE_DEVICES, else the first expected_gpus, else (None) all listed."""
+    if visible is not None:
+        return visible
+    return list(range(expected_gpus)) if expected_gpus else None
 
 
 def _index_now(entry: LedgerEntry, health: list[GpuHealth]) -> int | None:

@@ -12,7 +12,7 @@ from relaunch.diagnosis import Diagnosis, Metrics
 from relaunch.gpufaults import parse_gpu_health
 from relaunch.history import History, Night, across_nights, night_of, restart_storm
 from relaunch.incidents import Sick, incidents
-from relaunch.ledger import Ledger, gpu_faults, place
+from relaunch.ledger import Ledger, gpu_faults, place, target_gpus
 from relaunch.logtext import clean_lines
 from relaunch.playbook import Action
 from relaunch.snapshot import HealthSnapshot
@@ -196,3 +196,8 @@ def test_two_targets_of_one_host_or_two_causes_are_no_incident():
     assert incidents([sick(0, "a", 0), sick(1, "a", 1)], window_minutes=10) == []
     assert incidents([sick(0, "a", 0), sick(1, "b", 1, Cause.ERROR)], window_minutes=10) == []
     assert incidents([sick(0, "a", 0), sick(1, "b", 11)], window_minutes=10) == []
+
+
+def test_a_run_on_no_gpu_is_never_held_back_by_the_hosts_ledger():
+    assert place(ledger_with_gpu0(), [], None, [], None) == place(Ledger(host="gpu-host"), [], None, [], None)
+    assert place(ledger_with_gpu0(), [], target_gpus(None, 2), [], None).blocked, "a GPU run whose GPUs nvidia-smi cannot list is"
