@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect.context import FlowRunContext
 
+from relaunch.ledger import Ledger
 from relaunch.playbook import Action
 from relaunch.report import Attempt, Report
 from relaunch.tasks.common import artifact_key, log
@@ -49,3 +50,19 @@ def publish(report: Report) -> None:
             )
     except Exception as exc:  # the report is also returned and logged: an artifact failure must not fail the flow
         log().warning("could not publish artifacts: %s", exc)
+
+
+def publish_ledger(ledger: Ledger) -> None:
+    """The host's GPU ledger as a table artifact (`gpu-ledger-HOST`), where it holds a GPU; nothing outside a run."""
+    if FlowRunContext.get() is None or not ledger.gpus:
+        return
+    from prefect.artifacts import create_table_artifact
+
+    try:
+        create_table_artifact(
+            table=ledger.rows(),
+            key=artifact_key("gpu-ledger", ledger.host),
+            description=f"GPUs never given back to a relaunch on {ledger.host} until `relaunch gpus clear {ledger.host} BUS_ID`",
+        )
+    except Exception as exc:  # the ledger itself is in its Variable: a missing table must not fail the flow
+        log().warning("could not publish the GPU ledger: %s", exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from prefect import flow, task
@@ -24,8 +24,9 @@ from pydantic import Field
 from relaunch.config import Target
 from relaunch.flows.check import merge_recovery
 from relaunch.flows.common import attempt_from
-from relaunch.flows.outcome import report_of, result_of
+from relaunch.flows.outcome import emit, report_of, result_of
 from relaunch.flows.recover import host_limit_name, recover_training
+from relaunch.incidents import Incident, Sick, incidents
 from relaunch.playbook import remedy
 from relaunch.report import FleetReport, FleetRow, Report
 from relaunch.tasks.common import log
@@ -51,8 +52,14 @@ def check_fleet(
     recover: bool = True,
     max_concurrent: Annotated[int, Field(ge=1, le=256)] = 4,
     settle_timeout_seconds: Annotated[float | None, Field(gt=0)] = None,
+    incident_window_minutes: Annotated[float, Field(gt=0)] = 10.0,
+    incident_min_hosts: Annotated[int, Field(ge=2)] = 2,
 ) -> FleetReport:
-    """Check every target (at most `max_concurrent` at once); with `recover`, recover the crashed, stalled, degraded and never-launched ones, never two on one host at once."""
+    """Check every target (at most `max_concurrent` at once); with `recover`, recover the crashed, stalled, degraded and never-launched ones, never two on one host at once.
+
+    The same failure on `incident_min_hosts` hosts or more within `incident_window_minutes` is one incident: one
+    `relaunch.fleet.incident` event names the hosts, the first of its targets is recovered, and the others only once
+    that one ends healthy (else they are held, and the run ends Failed)."""
     _refuse_duplicates(targets)
     fleet = FleetReport(targets=len(targets), max_concurrent=max_concurrent)
     start = time.monotonic()
@@ -65,20 +72,18 @@ def check_fleet(
     for i, (target, result) in enumerate(zip(targets, results)):
         rows[i], reports[i] = _row_and_report(target, result, recover)
 
-    sick = [i for i, row in rows.items() if recover and row.found is not None and row.found.needs_recovery()]
+    sick = [i for i, row in rows.items() if row.found is not None and row.found.needs_recovery()]
     start = time.monotonic()
-    if sick:
-        by_host: dict[str, list[int]] = defaultdict(list)
-        for i in sick:
-            by_host[host_limit_name(targets[i])].append(i)
-        log().info("recovering %d target(s) on %d host(s): %s", len(sick), len(by_host), ", ".join(targets[i].name for i in sick))
-        with ThreadPoolTaskRunner(max_workers=min(max_concurrent, len(by_host))) as runner:
-            futures = {
-                host: runner.submit(recover_host, {"host": host, "targets": [targets[i] for i in idx]}) for host, idx in by_host.items()
-            }
-            for host, future in futures.items():
-                for i, outcome in zip(by_host[host], future.result()):
-                    _apply_recovery(rows[i], reports[i], outcome)
+    # Found and announced with --check-only too: a person hears of one incident, not of each host.
+    found = incidents(_sick(targets, results, rows, sick), incident_window_minutes, incident_min_hosts)
+    held = {m.index for incident in found for m in incident.members[1:]}
+    for incident in found:
+        _announce_incident(incident, targets)
+        fleet.incidents.append(incident.summary())
+        for m in incident.members:
+            rows[m.index].incident = incident.label
+    if recover:
+        _recover_after_incidents(targets, sick, held, found, rows, reports, max_concurrent)
     fleet.recovery_phase_seconds = round(time.monotonic() - start, 3)
     fleet.rows = [rows[i] for i in range(len(targets))]
     fleet.reports = [reports[i] for i in range(len(targets))]
@@ -104,6 +109,81 @@ def fleet_report(
         targets=targets, recover=recover, max_concurrent=max_concurrent, settle_timeout_seconds=settle_timeout_seconds, return_state=True
     )
     return result_of(state, FleetReport)
+
+
+def _recover_after_incidents(
+    targets: list[Target],
+    sick: list[int],
+    held: set[int],
+    found: list[Incident],
+    rows: dict[int, FleetRow],
+    reports: dict[int, Report],
+    max_concurrent: int,
+) -> None:
+    """Every sick target not held first (each incident's first among them); an incident's others once its first is healthy."""
+    _recover_rows(targets, [i for i in sick if i not in held], rows, reports, max_concurrent)
+    for incident in found:
+        first, waiting = incident.members[0], [m.index for m in incident.members[1:]]
+        if rows[first.index].ok:
+            # The one recovered first came back healthy: the shared cause is gone, the others may follow.
+            _recover_rows(targets, waiting, rows, reports, max_concurrent)
+            continue
+        for i in waiting:
+            rows[i].message = f"held: {incident.summary()}; {first.target} did not end healthy, so no other recovery was fanned out"
+            reports[i].message = rows[i].message
+
+
+def _recover_rows(
+    targets: list[Target], idx: list[int], rows: dict[int, FleetRow], reports: dict[int, Report], max_concurrent: int
+) -> None:
+    """Recover these targets: hosts in parallel, the targets of one host one after the other."""
+    if not idx:
+        return
+    by_host: dict[str, list[int]] = defaultdict(list)
+    for i in idx:
+        by_host[host_limit_name(targets[i])].append(i)
+    log().info("recovering %d target(s) on %d host(s): %s", len(idx), len(by_host), ", ".join(targets[i].name for i in idx))
+    with ThreadPoolTaskRunner(max_workers=min(max_concurrent, len(by_host))) as runner:
+        futures = {host: runner.submit(recover_host, {"host": host, "targets": [targets[i] for i in ids]}) for host, ids in by_host.items()}
+        for host, future in futures.items():
+            for i, outcome in zip(by_host[host], future.result()):
+                _apply_recovery(rows[i], reports[i], outcome)
+
+
+def _sick(targets: list[Target], results: list[HealthResult | BaseException], rows: dict[int, FleetRow], sick: list[int]) -> list[Sick]:
+    """The sick targets as incidents are found among: each failure dated by its log's last write (the check's end else)."""
+    checked_at = datetime.now(UTC)
+    out = []
+    for i in sick:
+        result, row = results[i], rows[i]
+        quiet = result.snapshot.seconds_since_log_write if isinstance(result, HealthResult) else None
+        out.append(
+            Sick(
+                index=i,
+                target=targets[i].name,
+                host=targets[i].host.hostname,
+                verdict=row.found,
+                cause=row.cause,
+                failed_at=checked_at - timedelta(seconds=quiet or 0.0),
+            )
+        )
+    return out
+
+
+def _announce_incident(incident: Incident, targets: list[Target]) -> None:
+    """One event for the incident, naming every host, about the target recovered first (related: the others)."""
+    first = targets[incident.members[0].index]
+    log().warning("%s", incident.summary())
+    emit(
+        "relaunch.fleet.incident",
+        first,
+        None,
+        cause=incident.cause.value if incident.cause else None,
+        verdict=incident.verdict.value,
+        hosts=",".join(incident.hosts),
+        targets=",".join(m.target for m in incident.members),
+        summary=incident.summary()[:400],
+    )
 
 
 def _refuse_duplicates(targets: list[Target]) -> None:

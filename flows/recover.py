@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from datetime import UTC, datetime
 
 from prefect import flow
 from prefect.client.orchestration import get_client
@@ -12,8 +13,11 @@ from prefect.exceptions import ObjectNotFound
 
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
-from relaunch.flows.common import attempt_from, publish
+from relaunch.flows.common import attempt_from, publish, publish_ledger
 from relaunch.flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
+from relaunch.hardware import gpu_indexes_of
+from relaunch.history import Night, Storm, across_nights, night_of, restart_storm
+from relaunch.ledger import GpuFault, Ledger, gpu_faults, place, target_gpus
 from relaunch.playbook import Action, choose_action, resume_constraints, steps_for
 from relaunch.report import Report
 from relaunch.runfiles import new_run_id, utc_stamp
@@ -25,11 +29,13 @@ from relaunch.tasks.install_package import install_package
 from relaunch.tasks.launch import check_resumable, launch
 from relaunch.tasks.leftovers import stop_leftovers
 from relaunch.tasks.lock import target_lock
+from relaunch.tasks.memory import recall, remember
 from relaunch.tasks.preflight import preflight
 from relaunch.tasks.rebuild_venv import build_venv, rebuild_venv
 from relaunch.tasks.restore_code import check_restorable, restore_code
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
+from relaunch.verdicts import Cause
 
 
 def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepRecord], str | None]:
@@ -87,7 +93,7 @@ def recover_training(target: Target, force: bool = False) -> Report:
         with host_slot(target), target_lock(target, flow_run):
             left = stop_leftovers(target)
             report.preflight.append(left)
-            report = _recover(target, force, report)
+            report = _recover(target, force, report, flow_run)
     announce(target, report)
     return final_state(report)  # type: ignore[return-value]
 
@@ -138,16 +144,53 @@ def host_limit_name(target: Target) -> str:
     return f"relaunch-host-{target.host.hostname}"
 
 
-def _recover(target: Target, force: bool, report: Report) -> Report:
+def _recover(target: Target, force: bool, report: Report, flow_run: str = "") -> Report:
+    # What the last nights did is read once, before the first check: a storm is judged on the first attempt.
+    memory = recall(target)
     health = checked(target, 1)
+    now = datetime.now(UTC)
+    night = night_of(health.diagnosis, health.snapshot.checkpoint, now, flow_run)
+    storm = restart_storm(memory.history.nights, night, target.storm_window_hours, target.storm_max_returns)
+    ledger, faults = memory.ledger, []
+    try:
+        return _attempts(target, force, report, health, storm, ledger, faults, night)
+    finally:
+        last = report.attempts[-1] if report.attempts else None
+        night.ended = last.verdict if last and last.action in (Action.NONE, Action.ESCALATE) else None
+        _remember(target, night, faults, now)
+
+
+def _attempts(
+    target: Target,
+    force: bool,
+    report: Report,
+    health: HealthResult,
+    storm: Storm | None,
+    ledger: Ledger,
+    faults: list[GpuFault],
+    night: Night,
+) -> Report:
     history: list = []
+    running = target  # as launched: its CUDA_VISIBLE_DEVICES kept off every GPU in the ledger
     for number in range(1, target.max_attempts + 2):
         actions_taken = number - 1
         left = target.max_attempts - actions_taken
         action, why = choose_action(
             health.diagnosis, history, left, force=force and number == 1, unfinished=health.snapshot.unfinished_steps
         )
+        if health.diagnosis.cause is Cause.GPU_FAULT:
+            found = gpu_faults(health.snapshot, gpu_indexes_of(running))
+            faults += [f for f in found if all(f.bus_id != g.bus_id for g in faults)]
+            ledger = ledger.with_faults(found, night.at, target.name, night.flow_run)
+        gpus = target_gpus(gpu_indexes_of(target), target.thresholds.expected_gpus)
+        placement = place(ledger, health.snapshot.gpu_health, gpus, target.spare_gpus, target.min_gpus)
+        action, why = across_nights(action, why, health.diagnosis, storm if number == 1 else None, placement)
+        running = on_gpus(target, placement.visible)
         attempt = attempt_from(number, health, action, why)
+        if number == 1:
+            night.action = action
+            if storm is not None and action is Action.ESCALATE:
+                attempt.evidence += [f"night: {n.line()}" for n in storm.nights]
         report.attempts.append(attempt)
         report.gpus = health.snapshot.gpus
         log().info(
@@ -170,7 +213,7 @@ def _recover(target: Target, force: bool, report: Report) -> Report:
             )
         history.append(health.diagnosis)
         try:
-            attempt.steps, attempt.run_id = run_steps(target, action, health, number)
+            attempt.steps, attempt.run_id = run_steps(running, action, health, number)
         except RelaunchError as exc:
             # The report still reaches the UI and the exception: which attempt, which step, what the host said.
             publish(report.finish(f"attempt {number} ({action.value}) failed: {exc}"))
@@ -184,9 +227,26 @@ def _recover(target: Target, force: bool, report: Report) -> Report:
             )
             exc.report = report  # type: ignore[attr-defined]
             raise
-        health = checked(target, number + 1)
+        health = checked(running, number + 1)
     final = report.attempts[-1]
     message = final.why if final.action is Action.ESCALATE else final.summary
     report.finish(message)
     publish(report)
     return report
+
+
+def on_gpus(target: Target, visible: list[int] | None) -> Target:
+    """The target as it is launched and checked: on these GPUs (CUDA_VISIBLE_DEVICES), or as configured (None)."""
+    if visible is None:
+        return target
+    return target.model_copy(update={"env": {**target.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, visible))}})
+
+
+def _remember(target: Target, night: Night, faults: list[GpuFault], at: datetime) -> None:
+    """Written back once per recovery, however it ended; a server that cannot take it is logged, not the recovery's end."""
+    try:
+        memory = remember(target, night, faults, at)
+    except Exception as exc:  # noqa: BLE001 - the recovery's own outcome stands; the next night reads one night less
+        log().error("could not record this night in Prefect (%s: %s): the next nights will not know of it", type(exc).__name__, exc)
+        return
+    publish_ledger(memory.ledger)

@@ -233,6 +233,32 @@ class Target(_Model):
     max_attempts: int = Field(3, ge=1, le=20, description="Recovery attempts before giving up.")
     keep_old_venvs: int = Field(2, ge=1, description="Old venvs kept aside; older ones are the only thing relaunch ever removes.")
     thresholds: Thresholds = Field(default_factory=Thresholds, description="Health thresholds.")
+    # Across nights (relaunch/history.py, relaunch/ledger.py; docs/nights.md): the restart budget, and the GPUs a run
+    # may use in place of GPUs in the ledger. The defaults fit a nightly check: the third return in three days.
+    storm_window_hours: float = Field(
+        72.0,
+        gt=0,
+        description="A cause that returns storm_max_returns times within this many hours, the checkpoint never advancing, is a restart storm: escalated, not relaunched.",
+    )
+    storm_max_returns: int = Field(
+        3, ge=2, le=50, description="Returns of one cause (this night's included) within storm_window_hours that make a restart storm."
+    )
+    spare_gpus: list[int] = Field(
+        default_factory=list,
+        description="GPU indexes the trainer may run on in place of a GPU in the ledger, one for one (its world size kept); empty: none, a ledgered GPU is escalated.",
+    )
+    min_gpus: int | None = Field(
+        None,
+        ge=1,
+        description="The fewest GPUs the trainer accepts: with too few spares, relaunch on the good GPUs left if at least this many; None: its world size is fixed.",
+    )
+
+    @field_validator("spare_gpus")
+    @classmethod
+    def _gpu_indexes(cls, values: list[int]) -> list[int]:
+        if any(v < 0 for v in values) or len(set(values)) != len(values):
+            raise ValueError("GPU indexes are whole numbers from 0, each listed once")
+        return values
 
     @model_validator(mode="before")
     @classmethod

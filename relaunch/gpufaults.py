@@ -94,8 +94,8 @@ def parse_gpu_health(text: str) -> list[GpuHealth]:
 
 def gpu_for_pci(pci: str, gpus: list[GpuHealth]) -> GpuHealth | None:
     """Xid lines name `0000:3b:00`; nvidia-smi says `00000000:3B:00.0`: compare bus and device only."""
-    want = _bus(pci)
-    return next((g for g in gpus if _bus(g.pci_bus_id) == want), None)
+    want = bus_key(pci)
+    return next((g for g in gpus if bus_key(g.pci_bus_id) == want), None)
 
 
 def health_problems(gpus: list[GpuHealth]) -> list[str]:
@@ -114,7 +114,8 @@ def health_problems(gpus: list[GpuHealth]) -> list[str]:
     return lines
 
 
-def _bus(pci: str) -> str:
+def bus_key(pci: str) -> str:
+    """The bus and device of a PCI address, the part both ways of writing it agree on (`3b:0`)."""
     parts = pci.lower().split(":")
     # domain:bus:device(.function) -> bus:device, domain and function dropped.
     return ":".join(p.split(".")[0].lstrip("0") or "0" for p in parts[-2:]) if len(parts) >= 2 else pci.lower()

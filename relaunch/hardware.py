@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from relaunch.config import Target
 from relaunch.gpufaults import XID_LINE, GpuHealth, gpu_for_pci, health_problems, parse_xids
 from relaunch.snapshot import DiskFree, HealthSnapshot
 
@@ -27,26 +28,16 @@ def gpu_fault_evidence(snap: HealthSnapshot, expected_gpus: int, gpu_indexes: li
     A bus id the poll does not list (a GPU that fell off the bus leaves nvidia-smi) may be the target's: it counts."""
     lines = []
     for xid in parse_xids(snap.kernel_lines):
-        if not xid.hardware or not _targets(xid.pci, snap.gpu_health, gpu_indexes):
+        if not xid.hardware or not targets_gpu(xid.pci, snap.gpu_health, gpu_indexes):
             continue
         gpu = gpu_for_pci(xid.pci, snap.gpu_health)
         who = f"GPU {gpu.index} (PCI {gpu.pci_bus_id})" if gpu else f"the GPU at PCI {xid.pci}"
         lines.append(f"{who}: Xid {xid.number}: {xid.meaning}")
         lines.append(xid.line)
-    # Newer drivers say "fallen off the bus" over several lines with no Xid; GPU-lost has none either.
-    # Each is the GPU named on its own line or the nearest line before it ("NVRM: The NVIDIA GPU 0000:b3:00.0").
-    named: tuple[str, str] | None = None  # (bus id, the line that named it)
     lost: list[str] = []
-    for line in snap.kernel_lines:
-        m = PCI_NAMED.search(line)
-        named = (m["pci"], line.strip()) if m else named
-        if not LOST.search(line) or XID_LINE.search(line):
-            continue
-        if named is not None and not _targets(named[0], snap.gpu_health, gpu_indexes):
-            continue  # another job's GPU fell off the bus
-        if named is not None and named[1] != line.strip() and f"kernel: {named[1]}" not in lost:
-            lost.append(f"kernel: {named[1]}")
-        lost.append(f"kernel: {line.strip()}")
+    for _, said in lost_gpus(snap, gpu_indexes):
+        # The naming line once, however many lines it names; each lost line as the kernel said it.
+        lost += [line for line in said[:-1] if line not in lost] + said[-1:]
     lines += lost
     if snap.gpu_query_error:
         lines.append(snap.gpu_query_error)
@@ -56,7 +47,36 @@ def gpu_fault_evidence(snap: HealthSnapshot, expected_gpus: int, gpu_indexes: li
     return lines
 
 
-def _targets(pci: str, gpus: list[GpuHealth], gpu_indexes: list[int] | None) -> bool:
+def gpu_indexes_of(target: Target) -> list[int] | None:
+    """The target's GPUs from CUDA_VISIBLE_DEVICES in its env: kernel lines about other GPUs are another job's.
+
+    None (every GPU of the host counts as the target's) when unset, or when it names GPUs by UUID or MIG
+    instance: the poll knows GPUs by index only."""
+    value = target.env.get("CUDA_VISIBLE_DEVICES")
+    parts = [p.strip() for p in value.split(",")] if value is not None else []
+    return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None
+
+
+def lost_gpus(snap: HealthSnapshot, gpu_indexes: list[int] | None = None) -> list[tuple[str | None, list[str]]]:
+    """(bus id or None, the kernel lines saying it) for each target's GPU the kernel says is lost, with no Xid.
+
+    Newer drivers say "fallen off the bus" over several lines with no Xid; GPU-lost has none either.
+    Each is the GPU named on its own line or the nearest line before it ("NVRM: The NVIDIA GPU 0000:b3:00.0")."""
+    named: tuple[str, str] | None = None  # (bus id, the line that named it)
+    out: list[tuple[str | None, list[str]]] = []
+    for line in snap.kernel_lines:
+        m = PCI_NAMED.search(line)
+        named = (m["pci"], line.strip()) if m else named
+        if not LOST.search(line) or XID_LINE.search(line):
+            continue
+        if named is not None and not targets_gpu(named[0], snap.gpu_health, gpu_indexes):
+            continue  # another job's GPU fell off the bus
+        said = [f"kernel: {named[1]}"] if named is not None and named[1] != line.strip() else []
+        out.append((named[0] if named else None, [*said, f"kernel: {line.strip()}"]))
+    return out
+
+
+def targets_gpu(pci: str, gpus: list[GpuHealth], gpu_indexes: list[int] | None) -> bool:
     """The GPU at this bus id may be the target's: all are (None), or it is one of them, or the poll does not know it."""
     if gpu_indexes is None:
         return True

@@ -104,6 +104,7 @@ class FleetRow(BaseModel):
     ok: bool = Field(False, description="Ends healthy or finished (a starting run is not yet ok).")
     polls: int = Field(0, description="Health round trips the check made.")
     check_seconds: float = Field(0.0, description="Time the check waited for its verdict to settle.")
+    incident: str | None = Field(None, description="The fleet incident (verdict/cause on several hosts) this target was part of.")
     message: str = ""
 
 
@@ -118,6 +119,7 @@ class FleetReport(BaseModel):
     recovery_phase_seconds: float = 0.0
     checks_per_minute: float = 0.0
     rows: list[FleetRow] = Field(default_factory=list)
+    incidents: list[str] = Field(default_factory=list, description="One line per incident: the same failure on several hosts at once.")
     reports: list[Report] = Field(default_factory=list, description="One per target: the check, and the recovery's attempts where one ran.")
 
     @property

@@ -52,6 +52,19 @@ class Cause(str, Enum):
     NOT_A_TRAINER = "not_a_trainer"  # the target's session holds a program that is not a training run (no log it writes)
     TWO_TRAINERS = "two_trainers"  # relaunch's trainer lives outside the session while another run holds the session
 
+    def is_infrastructure(self) -> bool:
+        """The machine or its surroundings failed, not the training code: a return of it never uses up the restart
+        budget across nights (relaunch/history.py), as SkyPilot keeps preemptions apart from `max_restarts_on_errors`."""
+        return self in _INFRASTRUCTURE
+
+
+# killed: a SIGTERM/SIGKILL from outside is a preemption or an operator. silent_exit: gone with no exit code and no
+# trace, which is what a host reboot or a lost container leaves (the supervisor that records the exit died too).
+# gpu_fault: the GPU ledger keeps it (a ledgered GPU is never given back), not the code budget. disk_full: the cure is
+# free space, which no code change brings; the playbook escalates it while the disk stays full. Not here: nccl_failure
+# and the OOMs, which the trainer's own code or configuration causes as often as the fabric does, so they count.
+_INFRASTRUCTURE = frozenset({Cause.KILLED, Cause.SILENT_EXIT, Cause.GPU_FAULT, Cause.DISK_FULL})
+
 
 # Log signatures, each a regex over one line. The earliest matching line in the log decides:
 # knock-on failures print later than their cause.

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from relaunch.config import Target
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
 from relaunch.errors import CommandFailed, StateFolderTaken
+from relaunch.hardware import gpu_indexes_of
 from relaunch.plans.health import plan_snapshot
 from relaunch.runfiles import new_nonce, parse_snapshot, state_identity
 from relaunch.snapshot import HealthSnapshot
@@ -75,16 +76,6 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
             bar.update(min(99.0, 100.0 * elapsed / max(t.startup_grace_seconds, 1.0)), diagnosis.summary, announce=False)
         if diagnosis.settled or time.monotonic() >= deadline:
             return HealthResult(diagnosis=diagnosis, snapshot=snap, polls=polls, seconds=round(time.monotonic() - start, 3))
-
-
-def gpu_indexes_of(target: Target) -> list[int] | None:
-    """The target's GPUs from CUDA_VISIBLE_DEVICES in its env: kernel lines about other GPUs are another job's.
-
-    None (every GPU of the host counts as the target's) when unset, or when it names GPUs by UUID or MIG
-    instance: the poll knows GPUs by index only."""
-    value = target.env.get("CUDA_VISIBLE_DEVICES")
-    parts = [p.strip() for p in value.split(",")] if value is not None else []
-    return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None
 
 
 def adoptable(snap: HealthSnapshot) -> bool:

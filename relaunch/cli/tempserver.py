@@ -83,7 +83,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The commands that run Prefect flows; the others (diagnose, rollback-venv, --help) never need a server.
-FLOW_COMMANDS = frozenset({"check", "recover", "demo", "fleet"})
+# `gpus` runs no flow, but reads and writes the GPU ledger on the API all the same.
+FLOW_COMMANDS = frozenset({"check", "recover", "demo", "fleet", "gpus"})
 PREFECT_APP = "prefect.server.api.server:create_app"
 # The environment Prefect gives its own temporary server (prefect 3.9.1, SubprocessASGIServer):
 # no UI, and the ephemeral set of background services.

@@ -1,0 +1,121 @@
+"""Across nights on a real (temporary) Prefect server: the history and the GPU ledger live in its Variables, so the
+nights below are real recover-training runs, each reading what the earlier ones wrote.
+
+GPU faults cannot happen here: the kernel's Xid lines and the trainer's CUDA error are public captures
+(tests/fixtures/logs/xid/PROVENANCE.md), printed by the `dmesg` and `nvidia-smi` stand-ins of tests/test_fleet_failures.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from relaunch.flows.recover import recover_training
+from relaunch.ledger import Ledger
+from relaunch.playbook import Action
+from relaunch.tasks.launch import launch
+from relaunch.tasks.memory import history_variable, read_ledger, write_ledger
+from relaunch.verdicts import Cause, Verdict
+from tests.faults import RELAUNCH, ROOT, cli_env
+from tests.targets import runs, shell_target, stop_all, wait_for_exit
+from tests.test_fleet_failures import XID, dmesg_printing, host_commands, launched_and_exited, made, recover, told, trainer  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+# Fails as a process on a failed GPU does ($1: a public capture) when it is given GPU 0; steps on any other GPU.
+GPU0_FAILS = """#!/usr/bin/env bash
+if [ "$CUDA_VISIBLE_DEVICES" = 0 ]; then
+  for i in 1 2 3; do echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s)"; done
+  cat -- "$1"
+  exit 1
+fi
+for i in $(seq 1 100000); do echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s)"; sleep 0.2; done
+"""
+
+
+def client():
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def test_a_crash_that_returns_a_third_night_from_the_same_checkpoint_is_a_restart_storm_escalated_not_relaunched(tmp_path):
+    target = shell_target(tmp_path, name="stormy")
+    # Each night the run crashes for real (exit 3 at step 2); each recovery relaunches it without the fault, healthy.
+    crashing = target.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}})
+    nights = []
+    try:
+        for _ in range(3):
+            stop_all(target)
+            launch.fn(crashing, 1)
+            wait_for_exit(target)
+            state = recover_training(target, return_state=True)
+            nights.append((state, state.result(raise_on_failure=False)))
+    finally:
+        stop_all(target)
+    (first, one), (_, two), (third, three) = nights
+    assert one.ok and two.ok and first.is_completed(), "two nights recovered"
+    storm = three.attempts[0]
+    assert (storm.verdict, storm.action) == (Verdict.CRASHED, Action.ESCALATE) and len(three.attempts) == 1, told(three)
+    assert storm.why.startswith(f"restart storm: crashed/{storm.cause.value} returned 3 times within 72 h, each time from no checkpoint")
+    assert third.is_failed() and "restart storm" in third.message, third.message
+    assert len(runs(target)) == 5, "3 crashed launches and 2 relaunches: none on the third night"
+    with client() as c:
+        saved = c.read_variable_by_name(history_variable(target)).value
+    assert [n["ended"] for n in saved["nights"]] == ["healthy", "healthy", "crashed"], saved
+    assert [n["action"] for n in saved["nights"]][-1] == "escalate"
+
+
+@pytest.fixture
+def empty_ledger():
+    """This machine's ledger empty before and after: every local target shares it (other tests' GPU faults land there)."""
+    with client() as c:
+        write_ledger(c, Ledger(host="localhost"))
+    yield
+    with client() as c:
+        write_ledger(c, Ledger(host="localhost"))
+
+
+@pytest.mark.usefixtures("empty_ledger")
+def test_a_gpu_that_failed_is_ledgered_swapped_for_the_spare_and_never_given_back_to_a_later_relaunch(made, tmp_path, monkeypatch):  # noqa: F811
+    host_commands(tmp_path / "bin", monkeypatch, dmesg_printing(XID / "xid79_journal.txt"), nvidia_smi=True)
+    command = f"bash {trainer(tmp_path, 'gpu0_fails.sh', GPU0_FAILS)} {XID / 'cuda_unspecified_launch_failure.log'}"
+    t = made(launch_command=command, env={"CUDA_VISIBLE_DEVICES": "0"}, spare_gpus=[1])
+    launched_and_exited(t)
+    night1 = recover(t)
+    first = night1.attempts[0]
+    assert (first.verdict, first.cause, first.action) == (Verdict.CRASHED, Cause.GPU_FAULT, Action.RELAUNCH), told(night1)
+    assert "relaunched on GPUs 1 (swapped for spare GPU(s) 1; CUDA_VISIBLE_DEVICES set)" in first.why, told(night1)
+    assert night1.ok and night1.verdict is Verdict.HEALTHY, "the trainer steps on GPU 1: " + told(night1)
+    with client() as c:
+        (entry,) = read_ledger(c, t.host.hostname).gpus
+    assert (entry.bus_id, entry.index, entry.uuid) == ("00000000:00:06.0", 0, "GPU-b30686fb-50e5-b296-a563-b7746cd0b24a")
+
+    # The next night: the kernel says nothing any more, the run on GPU 0 dies of a plain CUDA error, and no spare is left.
+    for tool in ("dmesg", "nvidia-smi"):
+        (tmp_path / "bin" / tool).unlink()
+    stop_all(t)
+    no_spare = t.model_copy(update={"spare_gpus": []})
+    launched_and_exited(no_spare)
+    state = recover_training(no_spare, return_state=True)
+    night2 = state.result(raise_on_failure=False)
+    last = night2.attempts[0]
+    assert last.cause is not Cause.GPU_FAULT and last.action is Action.ESCALATE, told(night2)
+    assert "GPU 0 (PCI 00000000:00:06.0, GPU-b30686fb-50e5-b296-a563-b7746cd0b24a, serial 0) in the GPU ledger" in last.why
+    assert state.is_failed() and "never given back to a relaunch" in state.message, state.message
+    assert len(runs(t)) == 3, "night 1: the failed launch and the relaunch on the spare; night 2: the crashed launch only"
+
+    from prefect.settings import PREFECT_API_URL
+
+    env = cli_env(tmp_path / "cli-home", PREFECT_API_URL.value())
+    listed = subprocess.run([RELAUNCH, "gpus", "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["host"], r["bus_id"], r["times"]) for r in json.loads(listed.stdout)] == [(t.host.hostname, "00000000:00:06.0", 1)]
+    cleared = subprocess.run(
+        [RELAUNCH, "gpus", "clear", t.host.hostname, "0000:00:06"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert cleared.returncode == 0 and cleared.stdout.startswith("cleared GPU 0 (PCI 00000000:00:06.0"), cleared.stdout + cleared.stderr
+    with client() as c:
+        assert read_ledger(c, t.host.hostname).gpus == []
