@@ -61,7 +61,7 @@ class Cause(str, Enum):
 # killed: a SIGTERM/SIGKILL from outside is a preemption or an operator. silent_exit: gone with no exit code and no
 # trace, which is what a host reboot or a lost container leaves (the supervisor that records the exit died too).
 # gpu_fault: the GPU ledger keeps it (a ledgered GPU is never given back), not the code budget. disk_full: the cure is
-# free space, which no code change brings; the playbook escalates it while the disk stays full. Not here: nccl_failure
+# free space, which no code change brings; the playbook escalates it while the disk stays full. Not here: distributed_failure
 # and the OOMs, which the trainer's own code or configuration causes as often as the fabric does, so they count.
 _INFRASTRUCTURE = frozenset({Cause.KILLED, Cause.SILENT_EXIT, Cause.GPU_FAULT, Cause.DISK_FULL})
 

@@ -150,7 +150,7 @@ def test_a_ledgered_gpu_with_no_spare_blocks_every_relaunch_naming_it():
     placement = place(ledger_with_gpu0(), TWO_GPUS, [0], [], None)
     assert placement.blocked
     assert placement.why.startswith("GPU 0 (PCI 00000000:00:06.0, GPU-b30686fb-50e5-b296-a563-b7746cd0b24a, serial 0) in the GPU ledger")
-    crashed = Diagnosis(verdict=Verdict.CRASHED, cause=Cause.NCCL_FAILURE)
+    crashed = Diagnosis(verdict=Verdict.CRASHED, cause=Cause.DISTRIBUTED_FAILURE)
     action, why = across_nights(Action.RELAUNCH, "collective failed", crashed, None, placement)
     assert action is Action.ESCALATE and "never given back to a relaunch" in why and "relaunch gpus clear" in why
 
