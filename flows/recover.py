@@ -62,7 +62,8 @@ def run_steps(target: Target, action: Action, health: HealthResult, attempt: int
         elif step is Step.RESTORE_CODE:
             record = restore_code(target)
         elif step is Step.WARM_CACHE:
-            record = warm_cache(target)
+            # A cache the trainer died loading is kept aside for a person to look at, never removed.
+            record = warm_cache(target, keep_aside=health.diagnosis.cause is Cause.CORRUPT_CACHE)
         elif step is Step.CAPTURE_STACKS:
             record = capture_stacks(target, health.snapshot)
         else:

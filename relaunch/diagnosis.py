@@ -14,15 +14,18 @@ from pydantic import BaseModel, Field
 from relaunch.config import Thresholds
 from relaunch.hardware import disk_full_evidence, full_disk_evidence, gpu_fault_evidence
 from relaunch.snapshot import HealthSnapshot
-from relaunch.torchrun import RankFailure, collective_timeouts, root_cause
+from relaunch.torchrun import RankFailure, collective_timeouts, rendezvous_gap, root_cause, worker_group_failures
 from relaunch.verdicts import (
+    DATALOADER_WORKER_DIED,
     DEFAULT_LOSS,
     EXCEPTION_LINE,
     KERNEL_OOM,
+    LOAD_ERROR_DETAIL,
     MODULE_TO_PACKAGE,
     NATIVE_SIGNALS,
     NOT_A_TRAINING_STEP,
     NOT_TRAINING_PROGRESS,
+    REFINEMENTS,
     SIGNAL_NAMES,
     SIGNATURES,
     SLOWDOWN_WARNINGS,
@@ -70,6 +73,9 @@ class Diagnosis(BaseModel):
         None, description="The checkpoint the attempt was launched with (for broken_checkpoint: the one to skip)."
     )
     disk_still_full: bool = Field(False, description="disk_full and the poll still finds less free space than the minimum.")
+    rendezvous_incomplete: bool = Field(
+        False, description="distributed_failure where the ranks never all met: a relaunch would wait for the same missing node."
+    )
     evidence: list[str] = Field(default_factory=list, description="The log or signal lines that decided.")
     metrics: Metrics = Field(default_factory=Metrics)
 
@@ -352,7 +358,13 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
     if code == 0:
         return Diagnosis(verdict=Verdict.FINISHED, summary="the trainer exited 0", evidence=_last_lines(snap, 3), metrics=metrics)
     cause = classify_failure([*snap.log_matches, *snap.log_tail])
-    oom_kernel = _kernel_oom_lines(snap)
+    # A DataLoader worker the trainer says died of a signal is of its tree even where no poll saw it (it lived seconds).
+    workers = (
+        {int(pid) for line in cause[2] if (m := DATALOADER_WORKER_DIED.search(line)) for pid in re.findall(r"\d+", m["pids"])}
+        if cause
+        else set()
+    )
+    oom_kernel = _kernel_oom_lines(snap, workers)
     exit_text = (
         f"exit code {code}"
         if code is not None
@@ -360,24 +372,39 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
         if snap.adopted
         else "no exit code recorded"
     )
-    if cause is not None and cause[0] is Cause.BROKEN_CHECKPOINT and metrics.steps_seen:
+    if cause is not None and cause[0] in (Cause.BROKEN_CHECKPOINT, Cause.CHECKPOINT_INCOMPATIBLE) and metrics.steps_seen:
         # It stepped, so the checkpoint it was given loaded: the load error is about something else.
         cause = (Cause.ERROR, None, cause[2])
     rank = root_cause(snap.log_tail)
     if rank and (cause is None or (cause[0] is Cause.ERROR and WRAPPER_EXCEPTIONS.search(cause[2][-1]))):
         # torchrun's wrapper error says nothing; the rank that failed first does.
         return _rank_failure(rank, snap, metrics, exit_text)
-    if cause is not None and not (oom_kernel and cause[0] is Cause.ERROR):
+    if cause is not None and not (oom_kernel and (cause[0] is Cause.ERROR or workers)):
         kind, package, decisive = cause
-        if kind is Cause.DISTRIBUTED_FAILURE:
-            decisive = [*decisive, *collective_timeouts([*snap.log_matches, *snap.log_tail])]
-            decisive += [rank.describe()] if rank else []
+        gap = None
         summary = f"{kind.value}: {decisive[-1].strip()}" if decisive else kind.value
+        lines = [*snap.log_matches, *snap.log_tail]
+        if kind is Cause.DISTRIBUTED_FAILURE:
+            gap = rendezvous_gap(lines)
+            restarts = worker_group_failures(lines)
+            decisive = [*decisive, *collective_timeouts(lines)]
+            decisive += [rank.describe()] if rank else []
+            decisive += [gap] if gap else []
+            if len(restarts) > 1:
+                # torchrun's group failed, restarted, and failed again: each failure is evidence of the restarts spent.
+                decisive += restarts
+                summary = f"torchrun restarted its worker group {len(restarts) - 1} time(s) and it failed again: {summary}"
+            summary = gap or summary
+        if kind is Cause.CHECKPOINT_INCOMPATIBLE:
+            # What did not fit, as torch says it: the refused global, the missing keys, the first shape mismatch.
+            detail = [line.strip() for line in lines if LOAD_ERROR_DETAIL.match(line)][:3]
+            decisive += detail
+            summary = f"{kind.value}: {detail[0]}" if detail else summary
         if package:
             summary = f"missing_dependency: install {package}"
         extra = (
             _checkpoint_note(snap)
-            if kind is Cause.BROKEN_CHECKPOINT
+            if kind in (Cause.BROKEN_CHECKPOINT, Cause.CHECKPOINT_INCOMPATIBLE)
             else _shm_note(snap)
             if kind in (Cause.NATIVE_CRASH, Cause.DISK_FULL)
             else []
@@ -396,9 +423,11 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
             metrics=metrics,
             checkpoint=snap.checkpoint,
             disk_still_full=shm_full or bool(low),
+            rendezvous_incomplete=gap is not None,
         )
     if oom_kernel or (code == 137 and any("Killed" == line.strip() for line in snap.log_tail[-3:])):
-        evidence = [*oom_kernel, exit_text] if oom_kernel else [*_last_lines(snap, 2), exit_text]
+        said = cause[2] if cause and workers else []  # the trainer's own word that its worker died
+        evidence = [*oom_kernel, *said, exit_text] if oom_kernel else [*_last_lines(snap, 2), exit_text]
         return Diagnosis(
             verdict=Verdict.CRASHED,
             cause=Cause.HOST_OOM_KILLED,
@@ -454,6 +483,18 @@ def _rank_failure(rank: RankFailure, snap: HealthSnapshot, metrics: Metrics, exi
     signal = rank.signal_number
     cause = Cause.NATIVE_CRASH if signal in NATIVE_SIGNALS else Cause.KILLED if signal else Cause.ERROR
     summary = rank.describe()
+    failures = worker_group_failures([*snap.log_matches, *snap.log_tail])
+    if len(failures) > 1:
+        # torchrun restarted its worker group and lost a rank again: the group cannot hold together; all ranks are
+        # relaunched as one (the restarts torchrun allows are spent).
+        summary = f"torchrun restarted its worker group {len(failures) - 1} time(s) and it failed again: {summary}"
+        return Diagnosis(
+            verdict=Verdict.CRASHED,
+            cause=Cause.DISTRIBUTED_FAILURE,
+            summary=summary,
+            evidence=[summary, *failures, f"launcher: {exit_text}"],
+            metrics=metrics,
+        )
     return Diagnosis(verdict=Verdict.CRASHED, cause=cause, summary=summary, evidence=[summary, f"launcher: {exit_text}"], metrics=metrics)
 
 
@@ -486,7 +527,7 @@ def classify_failure(lines: list[str]) -> tuple[Cause, str | None, list[str]] | 
                 if package:
                     return cause, package, [stripped]
             elif pattern.search(stripped):
-                return cause, None, _with_exception_line(lines, index)
+                return _refined(cause, lines, index), None, _with_exception_line(lines, index)
         if EXCEPTION_LINE.match(stripped):
             if not WRAPPER_EXCEPTIONS.search(stripped):
                 return Cause.ERROR, None, [stripped]
@@ -517,24 +558,46 @@ def _is_source_line(line: str) -> bool:
 
 def _is_warning(line: str) -> bool:
     """Warnings print before failures and cause none (`destroy_process_group() was not called`)."""
-    return bool(re.match(r"^\w*Warning\b", line) or re.search(r"\bWarning: |UserWarning: |^(\[rank\d+\]:)?\[W\d{4} ", line))
+    # glog's warning prefix, bracketed (`[W1202 12:45:42.685 ...]`, c10d) or not (`W1202 12:45:42.685000 3362 file.py:1716]`,
+    # torch's Python logging: inductor's fx graph cache unable to load a damaged entry, cpu/compile_cache_truncated.log).
+    return bool(
+        re.match(r"^\w*Warning\b", line)
+        or re.search(r"\bWarning: |UserWarning: |^(\[rank\d+\]:)?\[W\d{4} |^(\[rank\d+\]:)?W\d{4} \d\d:\d\d:\d\d\.\d+ ", line)
+    )
 
 
 def _with_exception_line(lines: list[str], index: int) -> list[str]:
     """The matching line, plus the traceback's closing exception line when it follows."""
     decisive = [lines[index].rstrip()]
-    for later in lines[index + 1 : index + 300]:
-        if EXCEPTION_LINE.match(later.rstrip()):
-            if later.rstrip() not in decisive:
-                decisive.append(later.rstrip())
-            break
+    closing = _closing_line(lines, index)
+    if closing is not None and lines[closing].rstrip() not in decisive:
+        decisive.append(lines[closing].rstrip())
     return decisive
 
 
-def _kernel_oom_lines(snap: HealthSnapshot) -> list[str]:
-    """OOM-kill lines naming the run's own processes: its recorded PID or any PID seen in its tree (DataLoader
-    workers, torchrun's ranks). A host's kernel log holds other jobs' kills too (other containers' cgroups)."""
-    ours = _run_pids(snap)
+def _closing_line(lines: list[str], index: int) -> int | None:
+    """The index of the traceback's closing exception line at or after index, within 300 lines."""
+    return next((i for i in range(index, min(len(lines), index + 300)) if EXCEPTION_LINE.match(lines[i].rstrip())), None)
+
+
+def _refined(cause: Cause, lines: list[str], index: int) -> Cause:
+    """The narrower cause the traceback's own message names (REFINEMENTS): a frame in torch.load that ends in
+    `Weights only load failed`, a BackendCompilerFailed that chains a cached module's import failure."""
+    closing = _closing_line(lines, index)
+    # The message: from the matching line to the closing line and the chained lines after it, up to a blank line.
+    end = index + 1 if closing is None else closing + 1
+    while end < len(lines) and end <= (closing or index) + 4 and lines[end].strip():
+        end += 1
+    # The innermost frame above the matching line: where the failure was raised (a traceback's last `File` line).
+    frame = next((lines[i] for i in range(index - 1, max(-1, index - 40), -1) if lines[i].lstrip().startswith('File "')), None)
+    message = [*([frame] if frame else []), *lines[index:end]]
+    return next((narrower for narrower, pattern in REFINEMENTS.get(cause, []) if any(pattern.search(line) for line in message)), cause)
+
+
+def _kernel_oom_lines(snap: HealthSnapshot, also: set[int] | None = None) -> list[str]:
+    """OOM-kill lines naming the run's own processes: its recorded PID, any PID seen in its tree (DataLoader
+    workers, torchrun's ranks), or `also` (workers the trainer named). A host's kernel log holds other jobs' kills too."""
+    ours = _run_pids(snap) | (also or set())
     return [line.strip() for line in snap.kernel_lines if _oom_pid(line) in ours][:3]
 
 

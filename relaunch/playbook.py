@@ -15,6 +15,8 @@ class Action(str, Enum):
     FULL_RECOVERY = "full_recovery"  # the documented procedure: venv from lock, code, cache, launch
     INSTALL_AND_RELAUNCH = "install_and_relaunch"  # add the missing package to the venv, relaunch
     REWARM_AND_RELAUNCH = "rewarm_and_relaunch"  # known-good code, fresh warmed cache, relaunch
+    REWARM_CACHE_AND_RELAUNCH = "rewarm_cache_and_relaunch"  # the damaged cache moved aside and kept, a fresh one warmed, relaunch
+    RESTORE_AND_RELAUNCH_SAME = "restore_and_relaunch_same_checkpoint"  # venv to the lock, code to known_good_ref, same checkpoint
     RELAUNCH = "relaunch"  # relaunch from the newest checkpoint as is
     DUMP_AND_RELAUNCH = "dump_stacks_and_relaunch"  # keep every thread's stack, then stop and relaunch
     RELAUNCH_EARLIER = "relaunch_from_earlier_checkpoint"  # skip checkpoints the failure makes suspect, relaunch
@@ -28,6 +30,8 @@ STEPS: dict[Action, list[Step]] = {
     Action.FULL_RECOVERY: [Step.BUILD_VENV, Step.STOP, Step.REBUILD_VENV, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
     Action.INSTALL_AND_RELAUNCH: [Step.STOP, Step.INSTALL_PACKAGE, Step.LAUNCH],
     Action.REWARM_AND_RELAUNCH: [Step.STOP, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
+    Action.REWARM_CACHE_AND_RELAUNCH: [Step.STOP, Step.WARM_CACHE, Step.LAUNCH],
+    Action.RESTORE_AND_RELAUNCH_SAME: [Step.BUILD_VENV, Step.STOP, Step.REBUILD_VENV, Step.RESTORE_CODE, Step.LAUNCH],
     Action.RELAUNCH: [Step.STOP, Step.LAUNCH],
     Action.DUMP_AND_RELAUNCH: [Step.CAPTURE_STACKS, Step.STOP, Step.LAUNCH],
     Action.RELAUNCH_EARLIER: [Step.STOP, Step.LAUNCH],
@@ -83,7 +87,20 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], Remedy] = {
     ),
     (Verdict.CRASHED, Cause.BROKEN_CHECKPOINT): Remedy(
         Action.RELAUNCH_EARLIER,
-        "died loading its checkpoint: relaunch from the one before it; the broken one is kept, recorded as skipped",
+        "died loading a damaged checkpoint (truncated or corrupt archive): relaunch from the one before it; the broken one is kept, recorded as skipped",
+    ),
+    (Verdict.CRASHED, Cause.CHECKPOINT_INCOMPATIBLE): Remedy(
+        Action.RESTORE_AND_RELAUNCH_SAME,
+        "an intact checkpoint this torch or this code cannot load: older ones would fail the same way, so none is skipped; "
+        "rebuild the venv to the lock and restore the code to known_good_ref (what drifted), relaunch from the same checkpoint; "
+        "if it still does not load, escalate naming the load error",
+        once_only=True,
+    ),
+    (Verdict.CRASHED, Cause.CORRUPT_CACHE): Remedy(
+        Action.REWARM_CACHE_AND_RELAUNCH,
+        "a damaged compile-cache entry the trainer died loading: move the cache aside (kept, never deleted), warm a fresh one "
+        "single-threaded, relaunch from the newest checkpoint; a damaged cache is never a reason to skip a checkpoint",
+        once_only=True,
     ),
     (Verdict.CRASHED, Cause.FX_TRACING_RACE): Remedy(
         Action.FULL_RECOVERY,
@@ -99,7 +116,11 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], Remedy] = {
     ),
     (Verdict.CRASHED, Cause.SILENT_EXIT): Remedy(Action.RELAUNCH, "vanished without a trace: relaunch from the newest checkpoint"),
     (Verdict.CRASHED, Cause.KILLED): Remedy(Action.RELAUNCH, "killed from outside: relaunch from the newest checkpoint"),
-    (Verdict.CRASHED, Cause.DISTRIBUTED_FAILURE): Remedy(Action.RELAUNCH, "collective failed: relaunch from the newest checkpoint"),
+    (Verdict.CRASHED, Cause.DISTRIBUTED_FAILURE): Remedy(
+        Action.RELAUNCH,
+        "a collective, a rendezvous or torchrun's worker group failed: stop every rank and relaunch them all together from the "
+        "newest checkpoint; a rendezvous that never completed escalates instead, naming the rank or node that never joined",
+    ),
     (Verdict.CRASHED, Cause.CUDA_OOM): Remedy(
         Action.RELAUNCH,
         "GPU out of memory: relaunch from the newest checkpoint once; if it repeats, reduce memory (e.g. average weights on CPU)",
@@ -120,6 +141,9 @@ def remedy(diagnosis: Diagnosis) -> Remedy:
             Action.RELAUNCH_EARLIER,
             "the disk filled and has room again: relaunch from the newest checkpoint before the last step the log reached",
         )
+    if diagnosis.cause is Cause.DISTRIBUTED_FAILURE and diagnosis.rendezvous_incomplete:
+        # Relaunched, the ranks would wait for the same missing node: a person must bring it back.
+        return Remedy(Action.ESCALATE, f"{diagnosis.summary}; a relaunch would wait for it the same way")
     return PLAYBOOK.get((diagnosis.verdict, diagnosis.cause)) or PLAYBOOK[(diagnosis.verdict, None)]
 
 
@@ -151,9 +175,12 @@ def choose_action(
     if action is Action.NONE:
         return action, why
     if earlier and _same_failure(earlier[-1], diagnosis) and not _progressed(earlier[-1], diagnosis):
+        # An intact checkpoint that still will not load once venv and code are back to the lock and known_good_ref:
+        # nothing drifted, so the load error itself is what a person must read.
+        load_error = f": {diagnosis.summary}" if diagnosis.cause is Cause.CHECKPOINT_INCOMPATIBLE else ""
         return (
             Action.ESCALATE,
-            f"{_label(diagnosis)} again with no progress after '{remedy(earlier[-1])[0].value}': stopping; a person must look",
+            f"{_label(diagnosis)} again with no progress after '{remedy(earlier[-1])[0].value}': stopping; a person must look{load_error}",
         )
     if earlier and _same_failure(earlier[-1], diagnosis) and once_only:
         return Action.ESCALATE, f"{_label(diagnosis)} again after '{remedy(earlier[-1])[0].value}': it repeats, so a person must look"

@@ -147,7 +147,9 @@ class RestoreDetail(_Detail):
 class WarmDetail(_Detail):
     kind: Literal["warm_cache"] = "warm_cache"
     cleared_bytes: int = 0
-    kept_aside: str | None = Field(None, description="The old cache, kept because it held more than compile cache.")
+    kept_aside: str | None = Field(
+        None, description="The old cache, kept because it held more than compile cache, was in use, or was damaged."
+    )
     warmup_output: list[str] = Field(default_factory=list)
     cache_bytes: int = 0
 

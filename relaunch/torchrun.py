@@ -81,3 +81,54 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+# A rendezvous that never completed, in each face torch prints (fixtures cpu/rendezvous_timeout_*.log,
+# cpu/tcpstore_*.log): rank 0's TCPStore counting who joined, a rank that could not reach rank 0's store,
+# and torchrun's c10d rendezvous running past its join_timeout (it names no one).
+STORE_JOINED = re.compile(r"Timed out after (?P<s>\d+) seconds waiting for clients\. (?P<joined>\d+)/(?P<size>\d+) clients joined")
+STORE_UNREACHED = re.compile(
+    r"client socket has timed out after (?P<ms>\d+)ms while trying to connect to \((?P<host>[^,]+), (?P<port>\d+)\)"
+)
+C10D_TIMEOUT = re.compile(r"\bRendezvousTimeoutError\b")
+
+
+def rendezvous_gap(lines: list[str]) -> str | None:
+    """Who never joined, as far as the text says; None where the lines show no rendezvous that failed to complete.
+
+    torchrun's static rendezvous counts nodes (one store client per node's agent, its frames in static_tcp_rendezvous.py);
+    init_process_group's store counts ranks."""
+    nodes = any("static_tcp_rendezvous" in line for line in lines)
+    for line in lines:
+        if m := STORE_JOINED.search(line):
+            joined, size = int(m["joined"]), int(m["size"])
+            who = "nodes (torchrun's agents)" if nodes else "ranks"
+            return (
+                f"the rendezvous never completed: {joined} of {size} {who} joined rank 0's store in {m['s']} s; "
+                f"{size - joined} never did: start or repair the missing {'node' if nodes else 'rank'}"
+            )
+        if m := STORE_UNREACHED.search(line):
+            return (
+                f"the rendezvous never completed: rank 0's store at {m['host']}:{m['port']} (MASTER_ADDR) did not answer "
+                f"within {int(m['ms']) / 1000:.0f} s: the node with rank 0 is down or was never started"
+            )
+        if C10D_TIMEOUT.search(line):
+            return "the rendezvous never completed: torchrun's c10d rendezvous ran past its join_timeout with fewer nodes than --nnodes"
+    return None
+
+
+# torchrun's agent, each time a worker of its group fails (`E1202 ... api.py:1002] failed (exitcode: -9) local_rank: 1
+# (pid: 30778) of binary: ...`). More than one such failure in one log: the agent restarted the group (--max-restarts)
+# and it failed again (cpu/torchrun_restarts_exhausted.log); torch prints the restart itself only at INFO level.
+WORKER_FAILED = re.compile(r"\] failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\) of binary")
+
+
+def worker_group_failures(lines: list[str]) -> list[str]:
+    """One line per failure of torchrun's worker group, in order: which local rank, its pid, how it ended."""
+    failures: list[str] = []
+    for line in lines:
+        if m := WORKER_FAILED.search(line):
+            code = int(m["code"])
+            how = f"died of {_signal_name(-code)}" if code < 0 else f"exited {code}"
+            failures.append(f"worker group failure {len(failures) + 1}: local_rank {m['local']} (pid {m['pid']}) {how}")
+    return failures

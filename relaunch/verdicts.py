@@ -43,10 +43,10 @@ class Cause(str, Enum):
     KILLED = "killed"  # ended by a signal from outside (SIGTERM, SIGKILL) with no traceback
     GPU_FAULT = "gpu_fault"  # a GPU failed: kernel Xid, fallen off the bus, uncorrectable ECC, missing from nvidia-smi
     DISK_FULL = "disk_full"  # no space left: Errno 28, torch.save's write failure, or the poll's free space below the minimum
-    NATIVE_CRASH = (
-        "native_crash"  # died of its own SIGSEGV/SIGBUS/SIGABRT/SIGILL/SIGFPE, a fatal Python error, a DataLoader worker's signal
-    )
-    BROKEN_CHECKPOINT = "broken_checkpoint"  # died loading the checkpoint it was given (truncated archive, unpickling)
+    NATIVE_CRASH = "native_crash"  # died of its own SIGSEGV/SIGBUS/SIGABRT/SIGILL/SIGFPE, a fatal Python error, a DataLoader worker's signal  # (a DataLoader worker the kernel's OOM killer took is host_oom_killed: the kernel line names the worker's PID)
+    BROKEN_CHECKPOINT = "broken_checkpoint"  # died loading the checkpoint it was given: the file is damaged (truncated, corrupt archive)
+    CHECKPOINT_INCOMPATIBLE = "checkpoint_incompatible"  # an intact checkpoint this torch or this code refuses: weights_only unpickling, state_dict keys or shapes
+    CORRUPT_CACHE = "corrupt_cache"  # a damaged compile-cache entry the trainer loads and dies on (inductor's cached module, Triton's)
     SILENT_EXIT = "silent_exit"  # gone with no exit code, no traceback, no kernel line
     ERROR = "error"  # any other exception; the exception line says which
     NOT_A_TRAINER = "not_a_trainer"  # the target's session holds a program that is not a training run (no log it writes)
@@ -63,8 +63,33 @@ class Cause(str, Enum):
 # gpu_fault: the GPU ledger keeps it (a ledgered GPU is never given back), not the code budget. disk_full: the cure is
 # free space, which no code change brings; the playbook escalates it while the disk stays full. Not here: distributed_failure
 # and the OOMs, which the trainer's own code or configuration causes as often as the fabric does, so they count.
-_INFRASTRUCTURE = frozenset({Cause.KILLED, Cause.SILENT_EXIT, Cause.GPU_FAULT, Cause.DISK_FULL})
+# corrupt_cache: a cache cut short by a full disk or a kill mid-write; the code is not at fault. checkpoint_incompatible
+# is drift or a code change, and counts.
+_INFRASTRUCTURE = frozenset({Cause.KILLED, Cause.SILENT_EXIT, Cause.GPU_FAULT, Cause.DISK_FULL, Cause.CORRUPT_CACHE})
 
+
+# The DataLoader's word that a worker died (`DataLoader worker (pid 123) is killed by signal: Killed.`, `DataLoader worker
+# (pid(s) 123) exited unexpectedly`): a native crash, unless the kernel's OOM killer names that PID (then host_oom_killed;
+# cpu/dataloader_worker_oom_killed.log and .dmesg).
+DATALOADER_WORKER_DIED = re.compile(r"DataLoader worker \(pid\(?s?\)? ?(?P<pids>[\d, ]*)\)? (?:is killed|exited unexpectedly)")
+
+# Inductor's generated Python module, as its code cache names it (`/tmp/cache/dq/cdqj2tk...bl2hw.py`), failing by its own
+# text: the traceback's innermost frame is the module's body (`in <module>`: a line cut short, `import r`), or inductor could
+# not import it at all (`Failed to import PATH`: a SyntaxError). That is a cached artefact that is damaged, not a kernel to
+# rebuild (cpu/compile_cache_module_truncated.log, demo/corrupt_cache_cpu.log). Where the body only led on to a failing C++
+# build (cpu/compile_error.log: the innermost frame is cpp_builder.py) it stays a compile error.
+CACHED_MODULE = re.compile(
+    r"File \"[^\"]*/[a-z0-9]{2}/c[a-z0-9]{50,52}\.py\", line \d+, in <module>|Failed to import \S*/[a-z0-9]{2}/c[a-z0-9]{50,52}\.py\b"
+)
+
+# An intact checkpoint that this torch or this code refuses: torch >= 2.6's weights_only unpickler meeting a pickled object
+# (cpu/checkpoint_weights_only.log), load_state_dict after a code change (cpu/checkpoint_state_dict_mismatch.log).
+INCOMPATIBLE_CHECKPOINT = re.compile(
+    r"Weights only load failed|Error\(s\) in loading state_dict for|size mismatch for [\w.]+: copying a param|(?:Missing|Unexpected) key\(s\) in state_dict"
+)
+
+# The lines under that error that say what exactly did not fit: the global the unpickler refused, the keys and shapes.
+LOAD_ERROR_DETAIL = re.compile(r"^\s*(?:WeightsUnpickler error: |(?:Missing|Unexpected) key\(s\) in state_dict: |size mismatch for )")
 
 # Log signatures, each a regex over one line. The earliest matching line in the log decides:
 # knock-on failures print later than their cause.
@@ -86,9 +111,10 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
     (
         Cause.NATIVE_CRASH,
         re.compile(
-            r"^Fatal Python error: |DataLoader worker \(pid\(?s?\)? ?[\d, ]*\)? (?:is killed|exited unexpectedly)|\b(?:Segmentation fault|Bus error|Aborted|Illegal instruction|Floating point exception) \(core dumped\)"
+            rf"^Fatal Python error: |{DATALOADER_WORKER_DIED.pattern}|\b(?:Segmentation fault|Bus error|Aborted|Illegal instruction|Floating point exception) \(core dumped\)"
         ),
     ),
+    (Cause.CHECKPOINT_INCOMPATIBLE, INCOMPATIBLE_CHECKPOINT),
     # A checkpoint cut short fails in torch.load in several ways (a short one: `OSError: [Errno 22] Invalid
     # argument` from the zip reader), so a failure inside torch/serialization.py counts too.
     (
@@ -108,10 +134,21 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
     ),
     (Cause.MISSING_DEPENDENCY, re.compile(r"\b(ModuleNotFoundError|ImportError)\b.*|.*\bpip install\b")),
     (Cause.CUDA_OOM, re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|CUDA error: out of memory")),
+    # torchrun's elastic agent raising the death signal it received (SIGTERM from a scheduler, a spot reclaim, a person):
+    # a preemption, whatever its workers printed as they were stopped (cpu/torchrun_sigterm.log).
+    (Cause.KILLED, re.compile(r"\bSignalException: Process \d+ got signal: \d+")),
     (
         Cause.DISTRIBUTED_FAILURE,
         re.compile(
+            # NCCL (gpu/nccl_failure.log, gpu/nccl_watchdog_timeout.log)
             r"\bNCCL (error|WARN|INFO.*failed)|ProcessGroupNCCL|ncclInternalError|ncclUnhandledCudaError|ncclSystemError|ncclInvalidUsage|Watchdog caught collective operation timeout|DistBackendError"
+            # torch's store and network errors: rank 0 waiting for ranks that never join, a rank that cannot reach rank 0
+            # (cpu/tcpstore_rank_never_joins.log, cpu/tcpstore_no_master.log, cpu/rendezvous_timeout_static.log)
+            r"|\bDistStoreError\b|\bDistNetworkError\b"
+            # torchrun's c10d rendezvous past its join_timeout (cpu/rendezvous_timeout_c10d.log)
+            r"|\bRendezvous(?:Timeout|Closed|Connection|State)?Error\b"
+            # gloo: a peer lost mid-collective (cpu/gloo_peer_lost.log, cpu/gloo_peer_lost_torchrun.log), a mesh that cannot form
+            r"|gloo/transport/tcp/\w+\.cc:\d+\] (?:Connection closed by peer|Connection reset by peer|Timed out waiting|timed out connecting)|Gloo connectFullMesh failed"
         ),
     ),
     (
@@ -119,6 +156,15 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
         re.compile(r"BackendCompilerFailed|InductorError|CppCompileError|torch\._inductor\.exc|torch\._dynamo\.exc\.(?!Unsupported)"),
     ),
 ]
+
+# A matched line's cause narrowed by the traceback's own message (the matching line to the closing exception line and the
+# lines it chains): a frame in torch.load whose error is the weights_only unpickler's refusal is an intact checkpoint
+# (cpu/checkpoint_weights_only.log); a BackendCompilerFailed that chains `Failed to import` a cached module is a damaged
+# cache, not a compiler to fix (cpu/compile_cache_module_truncated.log). The traceback's innermost frame counts as message.
+REFINEMENTS: dict[Cause, list[tuple[Cause, re.Pattern[str]]]] = {
+    Cause.BROKEN_CHECKPOINT: [(Cause.CHECKPOINT_INCOMPATIBLE, INCOMPATIBLE_CHECKPOINT)],
+    Cause.COMPILE_ERROR: [(Cause.CORRUPT_CACHE, CACHED_MODULE)],
+}
 
 # A traceback's closing line: `module.Error: message` at column 0.
 EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")

@@ -32,10 +32,15 @@ from relaunch.tasks.leftovers import stop_earlier_try
 IN_USE = 5  # cache_remove_aside.sh: a process still uses the aside copy
 
 
-def clear_cache(target: Target, plan: dict[str, Command], detail: WarmDetail) -> None:
+def clear_cache(target: Target, plan: dict[str, Command], detail: WarmDetail, keep_aside: bool = False) -> None:
     aside, before, kind, entries = parse_aside(execute(target, plan["clear"]).stdout)
     detail.cleared_bytes = before
     if aside is None:
+        return
+    if keep_aside:
+        # A cache the trainer died loading: the damaged entries are the evidence a person (or a bug report) needs.
+        detail.kept_aside = aside
+        log().warning("the damaged compile cache %s is kept as %s: remove it yourself once looked at", target.inductor_cache_dir, aside)
         return
     foreign = foreign_entries(kind, entries)
     if foreign:
@@ -60,14 +65,15 @@ def clear_cache(target: Target, plan: dict[str, Command], detail: WarmDetail) ->
 
 
 @step_task("warm_cache", retries=1)
-def warm_cache(target: Target) -> StepRecord:
+def warm_cache(target: Target, keep_aside: bool = False) -> StepRecord:
+    """keep_aside: the old cache is moved aside and kept whatever it holds (a damaged cache: corrupt_cache)."""
     stop_earlier_try(target)
     plan = plan_warm(target, utc_stamp())
     progress = Progress(artifact_key(target.name, "warm-cache"), "warming the compile cache")
     detail = WarmDetail()
     with timed() as clock:
         progress.update(5, f"clearing {target.inductor_cache_dir}")
-        clear_cache(target, plan, detail)
+        clear_cache(target, plan, detail, keep_aside)
         if target.warmup_command:
             progress.update(20, "compiling every kernel once, single-threaded (forward and backward)")
             out = execute(target, plan["warm"], advice="the warm-up failed: run the warm-up command by hand in the venv to see why").stdout

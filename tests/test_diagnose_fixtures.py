@@ -133,6 +133,58 @@ CASES = [
         "Xid 79: GPU has fallen off the bus",
     ),
     ("xid/cuda_ecc_trainer.log", ["--exit-code", "1"], "crashed", "gpu_fault", None, "uncorrectable ECC error"),
+    # Issue 26: what was misread. Distributed failures beyond NCCL (gloo on the CPU, 2 ranks).
+    ("cpu/gloo_peer_lost.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "Connection closed by peer"),
+    ("cpu/gloo_peer_lost_torchrun.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "Connection closed by peer"),
+    (
+        "cpu/torchrun_restarts_exhausted.log",
+        ["--exit-code", "1"],
+        "crashed",
+        "distributed_failure",
+        None,
+        "worker group failure 2: local_rank",
+    ),
+    ("cpu/rendezvous_timeout_c10d.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "join_timeout"),
+    ("cpu/rendezvous_timeout_static.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "1 of 2 nodes"),
+    ("cpu/tcpstore_rank_never_joins.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "1 of 2 ranks"),
+    ("cpu/tcpstore_no_master.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "127.0.0.1:29614"),
+    # Preemption: SIGTERM to torchrun (its SignalException, exit 1), to a trainer that saves on it (exit 143).
+    ("cpu/torchrun_sigterm.log", ["--exit-code", "1"], "crashed", "killed", None, "got signal: 15"),
+    ("cpu/sigterm_saves_checkpoint.log", ["--exit-code", "143"], "crashed", "killed", None, "SIGTERM"),
+    # Intact checkpoints that will not load: not broken ones.
+    (
+        "cpu/checkpoint_weights_only.log",
+        ["--exit-code", "1"],
+        "crashed",
+        "checkpoint_incompatible",
+        None,
+        "GLOBAL argparse.Namespace was not an allowed global",
+    ),
+    ("cpu/checkpoint_state_dict_mismatch.log", ["--exit-code", "1"], "crashed", "checkpoint_incompatible", None, "size mismatch for"),
+    # A DataLoader worker the OOM killer took: the kernel names the worker the trainer names.
+    (
+        "cpu/dataloader_worker_oom_killed.log",
+        ["--exit-code", "1", "--dmesg", str(LOGS / "cpu/dataloader_worker_oom_killed.dmesg")],
+        "crashed",
+        "host_oom_killed",
+        None,
+        "Memory cgroup out of memory: Killed process",
+    ),
+    ("cpu/dataloader_worker_oom_killed.log", ["--exit-code", "1"], "crashed", "native_crash", None, "is killed by signal: Killed"),
+    # A damaged inductor cache: the generated modules cut short kill the run; damaged entries are recompiled past.
+    (
+        "cpu/compile_cache_module_truncated.log",
+        ["--exit-code", "1"],
+        "crashed",
+        "corrupt_cache",
+        None,
+        "Failed to import",
+    ),
+    ("cpu/compile_cache_entries_truncated.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step=1299"),
+    ("cpu/compile_cache_entries_truncated.log", ["--exit-code", "137"], "crashed", "killed", None, "SIGKILL"),
+    ("cpu/compile_cache_truncated.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step=1299"),
+    # Kernels overwritten with garbage: torch rebuilt them and the rebuild failed; a compile error, whose remedy clears the cache.
+    ("cpu/compile_cache_so_overwritten.log", ["--exit-code", "1"], "crashed", "compile_error", None, "CppCompileError"),
 ]
 
 
