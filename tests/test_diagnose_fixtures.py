@@ -182,6 +182,8 @@ CASES = [
     ),
     ("cpu/compile_cache_entries_truncated.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step=1299"),
     ("cpu/compile_cache_entries_truncated.log", ["--exit-code", "137"], "crashed", "killed", None, "SIGKILL"),
+    ("cpu/compile_cache_module_cut_short.log", ["--exit-code", "1"], "crashed", "corrupt_cache", None, "No module named 'r'"),
+    ("demo/corrupt_cache_cpu.log", ["--exit-code", "134"], "crashed", "corrupt_cache", None, "Failed to import"),
     ("cpu/compile_cache_truncated.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step=1299"),
     # Kernels overwritten with garbage: torch rebuilt them and the rebuild failed; a compile error, whose remedy clears the cache.
     ("cpu/compile_cache_so_overwritten.log", ["--exit-code", "1"], "crashed", "compile_error", None, "CppCompileError"),

@@ -2,7 +2,7 @@
 # Capture the issue-26 fixtures (distributed failures on gloo, preemption, checkpoints intact but unloadable, a
 # DataLoader worker taken by the OOM killer, a damaged inductor cache) into tests/fixtures/logs/cpu/ (see PROVENANCE.md
 # there). Run as root on the 2-core CPU box (memory cgroup v1 at /sys/fs/cgroup/memory, dmesg readable).
-# Usage: bash bench/cpu_capture/capture_issue26.sh [OUTDIR]
+# Usage: [ONLY=cache] bash bench/cpu_capture/capture_issue26.sh [OUTDIR]   (ONLY=cache: step 8 alone, the damaged caches)
 # Each trainer runs as relaunch's supervisor runs one: PATH=$VENV_BIN:$PATH bash -c CMD >> LOG 2>&1 < /dev/null,
 # exit code read as $? straight after; codes go to OUTDIR/exit_codes_issue26.tsv.
 set -u
@@ -12,7 +12,7 @@ OUT=$(realpath -m "${1:-$REPO/tests/fixtures/logs/cpu}")
 VENV_BIN=${VENV_BIN:-$REPO/.venv/bin}
 mkdir -p "$OUT"; cd "$HERE" || exit 1
 TSV=$OUT/exit_codes_issue26.tsv
-printf 'file\texit_code\n' > "$TSV"
+[ "${ONLY:-}" = cache ] || printf 'file\texit_code\n' > "$TSV"
 NAMES=()
 rec() { printf '%s\t%s\n' "$1" "$2" >> "$TSV"; echo "$1 rc=$2" >&2; }
 # run NAME CMD [KEY=VALUE...]: the supervisor's invocation, fresh log; the parent's own stderr goes to
@@ -31,6 +31,10 @@ run() {
 # wait_for FILE COUNT PATTERN: until FILE holds COUNT lines matching PATTERN (polled: the trainer is another process).
 wait_for() { until [ "$(grep -c -- "$3" "$1" 2>/dev/null)" -ge "$2" ]; do sleep 0.1; done; }
 PIDS=$(mktemp -d /tmp/relaunch-pids.XXXXXX)
+if [ "${ONLY:-}" = cache ]; then
+  # The cache rows are replaced: the other rows of the table stay as the full pass wrote them.
+  sed -i '/^compile_cache_/d' "$TSV"
+else
 
 # 1. rendezvous that never completes: torchrun for 2 nodes, only one started
 run rendezvous_timeout_c10d "torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29611 --rdzv-id issue26 --rdzv-conf join_timeout=15 dist_trainer.py --steps 3"
@@ -99,6 +103,8 @@ dmesg | tail -n +$((N0 + 1)) | sed -n '/invoked oom-killer/,/Killed process/p' >
 cat "$CG/memory.oom_control" > "$OUT/dataloader_worker_oom_killed.memory_oom_control"
 rmdir "$CG"
 
+fi
+
 # 8. a damaged inductor cache: warm one (compile_trainer.py), then each damage on its own copy
 C=$(mktemp -d /tmp/relaunch-cache.XXXXXX)
 PATH="$VENV_BIN:$PATH" TORCHINDUCTOR_CACHE_DIR=$C/warm python -u compile_trainer.py > /dev/null 2>&1 < /dev/null
@@ -117,6 +123,10 @@ run compile_cache_so_overwritten "python -u compile_trainer.py" TORCHINDUCTOR_CA
 # only the generated Python modules (c*.py in the two-character folders) cut to half
 cp -a "$C/warm" "$C/py_half"; mapfile -t fs < <(find "$C/py_half" -name 'c*.py'); half "${fs[@]}"
 run compile_cache_module_truncated "python -u compile_trainer.py" TORCHINDUCTOR_CACHE_DIR="$C/py_half"
+# the generated modules cut to their first 100 bytes (a write stopped early): the cut line is what fails
+cp -a "$C/warm" "$C/py_cut"; mapfile -t fs < <(find "$C/py_cut" -name 'c*.py')
+for f in "${fs[@]}"; do truncate -s 100 "$f"; done
+run compile_cache_module_cut_short "python -u compile_trainer.py" TORCHINDUCTOR_CACHE_DIR="$C/py_cut"
 rm -rf "$C" "$PIDS"
 
 # The checkout's own path is written /repo/, as in the other fixtures.
