@@ -73,10 +73,14 @@ def _empty_known_hosts(tmp_path: Path) -> str:
     return str(tmp_path / "known_hosts")
 
 
-def _without_tmux(base: Target, _: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Target:
-    # The one local case: the sshd's sessions get a fixed PATH; here the doctor's own shell lacks tmux.
-    monkeypatch.setenv("PATH", str(bin_without(tmp_path / "bin", "tmux")))
-    return base
+def _without(tool: str, expected_gpus: int = 0) -> Callable[[Target, SSHServer, Path, pytest.MonkeyPatch], Target]:
+    """The local host with `tool` missing from PATH: the sshd's sessions get a fixed PATH, the doctor's own shell not."""
+
+    def make(base: Target, _: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Target:
+        monkeypatch.setenv("PATH", str(bin_without(tmp_path / "bin", tool)))
+        return base.model_copy(update={"thresholds": base.thresholds.model_copy(update={"expected_gpus": expected_gpus})})
+
+    return make
 
 
 def _unresolvable_lock(base: Target, sshd: SSHServer, tmp_path: Path, _: pytest.MonkeyPatch) -> Target:
@@ -115,7 +119,7 @@ BROKEN = {
         "pct start 202",
         frozenset({"host checks"}),
     ),
-    "tmux missing": Broken(_without_tmux, "tmux", "tmux is not on PATH", "install tmux"),
+    "tmux missing": Broken(_without("tmux"), "tmux", "tmux is not on PATH", "install tmux"),
     "checkpoint folder read-only": Broken(
         lambda base, sshd, tmp, _: base.model_copy(update={"host": sshd.ssh_host(), "checkpoint_dir": str(tmp / "ro")}),
         "writable checkpoint_dir",
@@ -123,6 +127,12 @@ BROKEN = {
         "read-only mount",
     ),
     "lock does not resolve": Broken(_unresolvable_lock, "lock", "tinyjunk==9.9.9", "pin versions that exist"),
+    "GPUs expected, no nvidia-smi": Broken(
+        _without("nvidia-smi", expected_gpus=2),
+        "nvidia-smi",
+        "nvidia-smi is not on PATH, and the target expects 2 GPU(s)",
+        "expected_gpus: 0",
+    ),
 }
 
 
