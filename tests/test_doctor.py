@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from relaunch.cli.doctor import examine
+from relaunch.commands import Result
 from relaunch.config import Target
-from relaunch.plans.doctor import Check, Status, passed
+from relaunch.plans.doctor import Check, Status, host_checks, passed
 from tests.faults import RELAUNCH, bin_without, cli_env, tmpfs, write_target
 from tests.sshd import SSHServer, free_port, sshd  # noqa: F401  (sshd is a fixture)
 from tests.targets import shell_target
@@ -186,3 +187,17 @@ def test_the_command_exits_0_on_a_good_target_and_1_naming_a_stopped_container(
     assert out.returncode == 1, out.stdout + out.stderr
     assert "fail    container" in out.stdout and "what to do: start it with `pct start 202`" in out.stdout, out.stdout
     assert out.stdout.rstrip().endswith("1 failed, 1 not run, of 4 checks"), out.stdout
+
+
+GPU_HOST = Path(__file__).parent / "fixtures" / "doctor_gpu"  # captured on an H200 host (its PROVENANCE.md)
+
+
+@pytest.mark.parametrize(("expected_gpus", "gpus_status"), [(1, Status.OK), (16, Status.FAIL)])
+def test_the_gpu_lines_of_a_real_gpu_host_read_as_visible_against_expected(base: Target, expected_gpus: int, gpus_status: Status) -> None:
+    stdout = (GPU_HOST / f"doctor_expect_{expected_gpus}.txt").read_text()
+    checks = by_name(host_checks(base, Result(0, stdout)))
+    assert checks["nvidia-smi"].status is Status.OK and checks["gpus"].status is gpus_status
+    if gpus_status is Status.FAIL:
+        assert "only 1 GPU(s) visible, 16 expected: GPU 0: NVIDIA H200" in checks["gpus"].detail and "passthrough" in checks["gpus"].advice
+    # That host had no network and the target was not offline: the lock's line says so, in uv's words.
+    assert checks["lock"].status is Status.FAIL and "dns error" in checks["lock"].detail
