@@ -310,7 +310,7 @@ class SSHTransport:
         with self._lock:
             if self._conn is None or not self._conn.is_connected:
                 try:
-                    self._conn = self._open(Command(("true",), label="connect"), reached.append)
+                    self._conn = self._open(Command(("true",), label="ssh connect"), reached.append)
                 except RelaunchError as exc:
                     self._conn = None
                     return [(hop.where, None) for hop in reached] + [(self._route[len(reached)].where, exc)]
