@@ -34,6 +34,7 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, MAX_COMMAND_BYTES, Command, Result, host_argv, timed_out_on_host
 from relaunch.config import Host, JumpHost, SSHLogin
 from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, RelaunchError, TransportError
+from relaunch.sshconfig import passphrase_block, resolve
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +216,6 @@ class SSHTransport:
     """Runs commands on `host` over one SSH connection (through its jump hosts, if any), reconnecting after it drops."""
 
     def __init__(self, host: Host) -> None:
-        from relaunch.sshconfig import resolve
-
         # With ssh_config on, the alias becomes what ~/.ssh/config makes of it (HostName, User, ProxyJump, ...).
         resolved = resolve(host)
         self.host = resolved.host
@@ -455,6 +454,7 @@ class SSHTransport:
             raise AuthenticationFailed(
                 f"{where} is encrypted and no passphrase is configured\n"
                 f"  what to do: set {PASSPHRASE_ENV} or passphrase_secret_block next to the key"
+                + (f", or create the Secret block {passphrase_block(self._aliases[i])!r}" if self._aliases else "")
             )
         try:
             self._pkeys[i] = load(passphrase.encode())
@@ -472,8 +472,6 @@ class SSHTransport:
         if name := hop.login.passphrase_secret_block:
             return self._secret(name, hop), f"Secret block {name!r}"
         if self._aliases:
-            from relaunch.sshconfig import passphrase_block
-
             name = passphrase_block(self._aliases[i])
             if (value := self._secret(name, hop, missing_ok=True)) is not None:
                 return value, f"Secret block {name!r}"

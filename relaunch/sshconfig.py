@@ -62,7 +62,8 @@ def resolve(host: Host, config: paramiko.SSHConfig | None = None) -> Resolved:
             "or give them in the target's host.jump"
         )
     update = _login(host, found)
-    aliases = []
+    # Jump hosts the target file lists are named by their hostname, so that every hop has its passphrase block.
+    aliases = [j.hostname for j in host.jump]
     if "jump" not in host.model_fields_set and found.get("proxyjump", "none").lower() != "none":
         jumps = []
         for entry in found["proxyjump"].split(","):

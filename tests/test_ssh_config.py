@@ -75,6 +75,8 @@ def test_fields_the_target_sets_win_over_the_config_and_without_ssh_config_it_is
     resolved = resolve(host, config).host
     assert (resolved.hostname, resolved.user, resolved.port, resolved.jump) == ("10.0.0.5", "me", 22, [])
     assert resolved.key_path is None, "no IdentityFile exists: the agent and default keys"
+    listed = resolve(Host(kind="ssh", hostname="gpu-box", ssh_config=True, jump=[{"hostname": "b.example"}]), config)
+    assert [j.hostname for j in listed.host.jump] == ["b.example"] and listed.aliases == ["b.example", "gpu-box"], "one alias per hop"
     off = Host(kind="ssh", hostname="gpu-box")
     assert resolve(off, config).host == off
 
