@@ -91,11 +91,18 @@ class Host(SSHLogin):
         default_factory=list,
         description="Jump hosts passed through in order, each reached through the one before; the host through the last. Empty: direct.",
     )
+    ssh_config: bool = Field(
+        False,
+        description="hostname is an alias in ~/.ssh/config (of the user running relaunch): its HostName, User, Port, IdentityFile, "
+        "ProxyJump and UserKnownHostsFile are used, and ssh-agent's keys; fields set here win. Host keys are verified as without it.",
+    )
 
     @model_validator(mode="after")
     def _jump_needs_ssh(self) -> Host:
         if self.jump and self.kind != "ssh":
             raise ValueError("jump is set but kind is not ssh: jump hosts only lead to an ssh host (set kind: ssh, or remove jump)")
+        if self.ssh_config and self.kind != "ssh":
+            raise ValueError("ssh_config is on but kind is not ssh: only an ssh host is looked up in ~/.ssh/config (set kind: ssh)")
         return self
 
     @property
