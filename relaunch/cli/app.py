@@ -432,6 +432,36 @@ def status_command(
         print(render(rows, datetime.now(UTC)))
 
 
+@app.command("services")
+def services_command(
+    systemd: Optional[Path] = typer.Option(
+        None, "--systemd", help="Write prefect-server.service and relaunch-worker.service into this folder."
+    ),
+    compose: Optional[Path] = typer.Option(
+        None,
+        "--compose",
+        help="Write compose.yaml (PostgreSQL, Redis, server, worker) and .env (random secrets, if none) into this folder.",
+    ),
+    user: str = typer.Option("prefect", "--user", help="The system user the units run as (create it: useradd --system prefect)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="The address the server listens on."),
+    port: int = typer.Option(4200, "--port", help="The port the server listens on."),
+    pool: str = typer.Option("relaunch", "--pool", help="The work pool the worker polls."),
+    api_url: Optional[str] = typer.Option(None, "--api-url", help="The API the worker unit talks to (default: the server unit's)."),
+) -> None:
+    """Write the control plane as services: systemd units for a Prefect server and a relaunch worker, and a compose
+    file for the scale-out set-up (docs/operations.md). They run the relaunch installed here."""
+    from relaunch.cli.services import values, write_compose, write_systemd
+
+    if systemd is None and compose is None:
+        print("relaunch: give --systemd DIR, --compose DIR, or both", file=sys.stderr)
+        raise typer.Exit(2)
+    with _errors():
+        filled = values(user, host, port, pool, api_url)
+        written = (write_systemd(systemd, filled) if systemd else []) + (write_compose(compose, filled) if compose else [])
+    for path in written:
+        print(f"wrote {path}")
+
+
 @app.command("rollback-venv")
 def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target YAML.")) -> None:
     """Put the previous venv back (the newest VENV.old-*); the current one is kept as VENV.rolled-back-*."""
