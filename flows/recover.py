@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
+from datetime import UTC, datetime
 
 from prefect import flow
 from prefect.client.orchestration import get_client
@@ -14,6 +15,7 @@ from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish
 from relaunch.flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
+from relaunch.goodput import observe, payload_of
 from relaunch.playbook import Action, choose_action, resume_constraints, steps_for
 from relaunch.report import Report
 from relaunch.runfiles import new_run_id, utc_stamp
@@ -109,6 +111,8 @@ def checked(target: Target, attempt: int) -> HealthResult:
     """A health check, announced as `relaunch.verdict.<verdict>`."""
     health = check_health(target)
     d = health.diagnosis
+    # One time for the event and the report: a report read back before the event is stored is not counted twice.
+    health.observation = observe(d, health.snapshot, health.progress, datetime.now(UTC))
     emit(
         f"relaunch.verdict.{d.verdict.value}",
         target,
@@ -116,6 +120,8 @@ def checked(target: Target, attempt: int) -> HealthResult:
         cause=d.cause.value if d.cause else None,
         attempt=attempt,
         summary=d.summary[:200],
+        facts=payload_of(health.observation),
+        occurred=health.observation.at,
     )
     return health
 
