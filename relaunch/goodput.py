@@ -359,3 +359,18 @@ def trend_markdown(goodput: Goodput) -> str:
             f"{sum(lost.values()) / 3600:.2f} | {f'{worst.value} ({lost[worst] / 3600:.2f} h)' if worst else '-'} |"
         )
     return "\n".join(lines)
+
+
+def text_table(goodput: Goodput) -> str:
+    """`relaunch goodput`'s table: one line per night and the total, minutes of every category any night has."""
+    nights = [*goodput.nights, goodput.total]
+    shown = [c for c in Category if goodput.total.seconds.get(c, 0.0) > 0] or [Category.NOT_RUNNING]
+    head = f"{'night':<10} {'goodput':>8} " + " ".join(f"{c.value:>{max(9, len(c.value))}}" for c in shown)
+    lines = [
+        f"goodput of {goodput.target}, {goodput.window_start:%Y-%m-%d %H:%M} to {goodput.window_end:%Y-%m-%d %H:%M} UTC (minutes)",
+        head,
+    ]
+    for n in nights:
+        cells = " ".join(f"{n.seconds.get(c, 0.0) / 60:>{max(9, len(c.value))}.1f}" for c in shown)
+        lines.append(f"{n.night:<10} {n.goodput_percent:>7.1f}% {cells}")
+    return "\n".join(lines)

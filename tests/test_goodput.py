@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
-from relaunch.goodput import Category, Observation, StepSpan, Timeline, compute, table, trend_markdown
+from relaunch.goodput import Category, Observation, StepSpan, Timeline, compute, table, text_table, trend_markdown
 from relaunch.steps import Step
 from relaunch.verdicts import Verdict
 
@@ -101,6 +102,9 @@ def test_an_escalated_crash_counts_waiting_for_a_person_until_the_window_ends_an
     assert second.seconds[Category.ESCALATED] == 3 * 3600 - 30, "01:00:30 to 04:00"
     assert g.total.seconds[Category.WASTED] == 0, "no run resumed, so no steps were redone"
     assert [r["night"] for r in table(g)] == ["2026-01-01", "2026-01-02", "total"]
+    lines = text_table(g).splitlines()
+    assert lines[1].split() == ["night", "goodput", "productive", "detection", "start_up", "escalated", "not_running"], lines
+    assert lines[-1].split()[:3] == ["total", "16.4%", "59.0"], lines  # 59 productive minutes of 6 h
 
 
 def test_an_escalation_ends_at_the_next_launch_a_person_asked_for():
@@ -146,6 +150,12 @@ def log_reaches(target, step: int) -> bool:
     return f"step={step} " in current_log(target).read_text()
 
 
+def last_step_in_log(target) -> int:
+    from tests.targets import current_log
+
+    return max(int(m) for m in re.findall(r"^step=(\d+) ", current_log(target).read_text(), re.M))
+
+
 def stored(target, start: datetime, end: datetime) -> Timeline | None:
     """The timeline once the server holds every verdict event of the test (4) and the launch's task run."""
     from relaunch.tasks.goodput import collect_timeline
@@ -172,12 +182,13 @@ def test_a_real_crash_and_recovery_is_counted_category_by_category_as_the_tests_
         launch.fn(target, 1)
         assert finished(check_training, target=target).verdict is Verdict.HEALTHY
         start = now()
-        wait_for(lambda: log_reaches(target, 30), 30, "step 30")
-        # The trainer's save of step 30, as it prints the step; the steps after it are the ones a resume redoes.
+        # The trainer's save of step n, as it prints the step; the steps after it are the ones a resume redoes.
+        n = last_step_in_log(target) + 2
+        wait_for(lambda: log_reaches(target, n), 30, f"step {n}")
         saved = now()
         Path(target.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        (Path(target.checkpoint_dir) / "step_30.pt").write_bytes(b"weights")
-        wait_for(lambda: log_reaches(target, 60), 30, "step 60")
+        (Path(target.checkpoint_dir) / f"step_{n}.pt").write_bytes(b"weights")
+        wait_for(lambda: log_reaches(target, n + 30), 30, f"step {n + 30}")
         pid = int(Path(runlayout.record(target.state_path, current(target), runlayout.PID)).read_text().split()[0])
         os.kill(pid, signal.SIGKILL)
         killed = now()
@@ -201,6 +212,24 @@ def test_a_real_crash_and_recovery_is_counted_category_by_category_as_the_tests_
     assert 0.5 < s[Category.START_UP] < START_SECONDS + 1, "the new trainer sleeps START_SECONDS before its first step line"
     assert s[Category.PRODUCTIVE] > (saved - start).total_seconds() - 0.5 and s[Category.NOT_RUNNING] < 1.0, s
     assert abs(g.total.window_seconds - (end - start).total_seconds()) < 1e-6
+
+    # The command as typed, against the same server: the same lost time (its window runs on to now).
+    import json
+    import subprocess
+
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.faults import RELAUNCH, ROOT, cli_env, write_target
+
+    spec = write_target(target, tmp_path / "target.yaml")
+    env = cli_env(tmp_path / "cli-home", PREFECT_API_URL.value())
+    out = subprocess.run(
+        [RELAUNCH, "goodput", str(spec), "--days", "1", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    told = json.loads(out.stdout)["total"]["seconds"]
+    for category in (Category.WASTED, Category.DETECTION, Category.STOP, Category.LAUNCH):
+        assert abs(told[category.value] - s[category]) < 1e-3, (category, told, s)
 
 
 START_SECONDS = 1.0
