@@ -462,6 +462,27 @@ def services_command(
         print(f"wrote {path}")
 
 
+# ---- goodput: where a target's time went (relaunch/goodput.py; docs/goodput.md) ----------------------------------
+@app.command()
+def goodput(
+    target: str = typer.Argument(..., help="Target YAML, or the target's name as its runs recorded it."),
+    days: float = typer.Option(7.0, "--days", min=0.01, help="How many days back from now."),
+    as_json: bool = typer.Option(False, "--json", help="Seconds per category, per UTC night and in total, and the segments."),
+) -> None:
+    """Productive training time and lost time by category, per night and in total, from what relaunch recorded in Prefect."""
+    from datetime import UTC, datetime, timedelta
+
+    from relaunch import goodput as gp
+    from relaunch.tasks.goodput import collect_timeline
+
+    with _errors():
+        name = load_target(Path(target)).name if target.endswith((".yaml", ".yml")) or Path(target).is_file() else target
+        now = datetime.now(UTC)
+        result = gp.report(collect_timeline.fn(name, now - timedelta(days=days), now), days, now)
+    print(json.dumps(result.model_dump(mode="json"), indent=2) if as_json else gp.text_table(result))
+    raise typer.Exit(0)
+
+
 @app.command("rollback-venv")
 def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target YAML.")) -> None:
     """Put the previous venv back (the newest VENV.old-*); the current one is kept as VENV.rolled-back-*."""
