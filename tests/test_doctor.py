@@ -169,8 +169,9 @@ def test_the_doctor_names_the_one_problem_and_what_to_do(
 
 def test_an_unknown_host_key_is_never_recorded_even_with_trust_on_first_use(base: Target, sshd: SSHServer, tmp_path: Path) -> None:
     known_hosts = _empty_known_hosts(tmp_path)
-    examine(base.model_copy(update={"host": sshd.ssh_host(known_hosts_path=known_hosts, trust_on_first_use=True)}), None)
+    checks = examine(base.model_copy(update={"host": sshd.ssh_host(known_hosts_path=known_hosts, trust_on_first_use=True)}), None)
     assert Path(known_hosts).read_text() == ""
+    assert "trust_on_first_use is on: the first recovery would record this key without that check" in checks[0].advice
     assert sshd.ssh_host().known_hosts_path and Path(sshd.ssh_host().known_hosts_path or "").read_text() == sshd.known_hosts_line()
 
 

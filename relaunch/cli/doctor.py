@@ -41,11 +41,13 @@ def _host_side(target: Target) -> list[Check]:
         checks = [Check(name="host", status=Status.OK, detail="this machine (kind: local)")]
     else:
         from relaunch.ssh import SSHTransport
+        from relaunch.sshconfig import resolve
 
+        given = resolve(target.host).host  # as ~/.ssh/config makes it (unchanged without ssh_config)
         ssh = SSHTransport(strict(target.host))
         transport = ssh
         hops = ssh.reach()
-        checks = route_checks(hops, total=len(ssh.host.jump) + 1)  # ssh.host: as ~/.ssh/config made it
+        checks = route_checks(hops, [j.trust_on_first_use for j in given.jump] + [given.trust_on_first_use])
         if hops[-1][1] is not None:
             ssh.close()
             return checks
