@@ -6,7 +6,7 @@
 # Writes OUTDIR/gpu_cache.tar (rewritten after every face, so a run cut short still brings back the finished
 # faces): cache_FACE.log (the trainer's stdout+stderr), cache_FACE.shell_stderr (bash's own notice of a child
 # killed by a signal), cache_FACE.damage (what damage_cache.py did), cache_rcs.txt (exit code, UTC times,
-# command of each face), cache_layout.txt (ls -lR of the warmed cache), cache_env.txt (versions, cache settings).
+# command of each face), cache_layout.txt (ls -lRa of the warmed cache), cache_env.txt (versions, cache settings).
 # Each face has its own copy of the warmed cache: TORCHINDUCTOR_CACHE_DIR=FACE/inductor and HOME=FACE/home, so
 # whatever Triton writes under ~/.triton lands in the copy too (cache_env.txt says where it landed).
 set -u
@@ -98,7 +98,7 @@ face cold
   find /tmp /root -newer "$W/before_cold" -type f -not -path "$W/*" 2> /dev/null | head -n 50
 } >> "$L/cache_env.txt"
 cp -a "$W/faces/cold" "$W/pristine"
-(cd "$W/pristine" && ls -lR .) > "$L/cache_layout.txt" 2>&1
+(cd "$W/pristine" && ls -lRa .) > "$L/cache_layout.txt" 2>&1  # -a: Triton's own cache is HOME/.triton
 pack
 
 # Healthy warm start, the baseline every damaged face is compared with.
