@@ -11,7 +11,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup system-demo system-test lint demo demo-all test serve bench bench-fleet scale-demo
+.PHONY: setup system-demo system-test lint demo demo-all test serve serve-demo bench bench-fleet scale-demo
 
 setup: $(VENV)/.installed $(WHEELS)/.complete
 
@@ -56,9 +56,14 @@ lint: setup system-test
 test: lint
 	$(PY) -m pytest -q -n 3 --dist worksteal --durations=25
 
-# A local control plane: Prefect server (SQLite), work pool, deployments, a worker. Ctrl-C stops it all.
+# A local control plane: Prefect server (SQLite), work pool, automations, a worker; no demo. Ctrl-C stops it all.
+# Your targets go on it with `relaunch deploy TARGET.yaml`.
 serve: setup
 	scripts/serve.sh
+
+# The same, with prefect.yaml's demo deployments (a demo trainer recovered on demand, and checked every night).
+serve-demo: setup
+	SERVE_DEMO=1 scripts/serve.sh
 
 # CPU benchmarks, each kept in bench/results/NAME.json (bench/record.py); about an hour on 2 cores (overhead alone ~45 min: 4 contenders, 5 rounds, 2 cases).
 # The GPU side runs on the GPU machine, not here: bash bench/gpu_demo/run.sh OUT (see its header).

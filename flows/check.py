@@ -10,7 +10,7 @@ from prefect import flow
 
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
-from relaunch.flows.common import attempt_from, publish
+from relaunch.flows.common import attempt_from, publish, publish_goodput
 from relaunch.flows.outcome import final_state, report_of, tag_flow_run, untagged_tasks
 from relaunch.flows.recover import checked, recover_training
 from relaunch.playbook import remedy
@@ -36,15 +36,18 @@ def check_training(target: Target, recover: bool = False) -> Report:
     if not act:
         report.finish(health.diagnosis.summary if verdict.is_fine() else f"{health.diagnosis.summary}; not asked to recover: {why}")
         publish(report)
+        publish_goodput(report)
         return final_state(report)  # type: ignore[return-value]
     try:
         recovery = report_of(recover_training(target, return_state=True))
     except RelaunchError as exc:
         report.finish(f"check found {verdict.value}; recover-training failed: {exc}")
         publish(report)
+        publish_goodput(report)
         raise
     merge_recovery(report, recovery)
     publish(report)
+    publish_goodput(report)
     return final_state(report)  # type: ignore[return-value]
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from prefect.context import FlowRunContext
 
+from relaunch import goodput
+from relaunch.goodput import Goodput
 from relaunch.ledger import Ledger
 from relaunch.playbook import Action
 from relaunch.report import Attempt, Report
@@ -23,7 +27,34 @@ def attempt_from(number: int, health: HealthResult, action: Action, why: str) ->
         why=why,
         evidence=d.evidence,
         metrics=d.metrics,
+        observation=health.observation,
     )
+
+
+def publish_goodput(report: Report, days: float = 7.0) -> Goodput | None:
+    """The target's goodput table (per night and in total) and its markdown trend, as artifacts of the flow run.
+
+    The check's own verdicts are counted from its report: their events may not be stored yet."""
+    if FlowRunContext.get() is None:
+        return None
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    from relaunch.tasks.goodput import collect_timeline
+
+    try:
+        known = [a.observation for a in report.attempts if a.observation is not None]
+        now = datetime.now(UTC)
+        found = goodput.report(collect_timeline(report.target, now - timedelta(days=days), now, known), days, now)
+        create_table_artifact(
+            table=goodput.table(found),
+            key=artifact_key("goodput", report.target),
+            description=f"goodput of {report.target}: minutes per category",
+        )
+        create_markdown_artifact(markdown=goodput.trend_markdown(found), key=artifact_key("goodput", report.target, "trend"))
+        return found
+    except Exception as exc:  # goodput is a view of the past: never a reason to fail tonight's check
+        log().warning("could not publish goodput: %s", exc)
+        return None
 
 
 def report_key(report: Report) -> str:

@@ -8,6 +8,7 @@ would be a lie.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, TypeVar
 
 from prefect.client.schemas.objects import State
@@ -56,8 +57,16 @@ def report_of(state: State) -> Report:
     return result_of(state, Report)
 
 
-def emit(event: str, target: Target, report: Report | None = None, **labels: Any) -> None:
-    """A Prefect event about the target (`relaunch.target.NAME`), related to the flow run emitting it."""
+def emit(
+    event: str,
+    target: Target,
+    report: Report | None = None,
+    facts: dict[str, Any] | None = None,
+    occurred: datetime | None = None,
+    **labels: Any,
+) -> None:
+    """A Prefect event about the target (`relaunch.target.NAME`), related to the flow run emitting it; `facts` join
+    its payload (numbers stay numbers there, where labels are strings)."""
     try:
         from prefect.events import emit_event
 
@@ -77,8 +86,8 @@ def emit(event: str, target: Target, report: Report | None = None, **labels: Any
                     "prefect.resource.name": ctx.flow_run.name,
                 }
             )
-        payload = _payload(report) if report else {}
-        emit_event(event=event, resource=resource, related=related, payload=payload)
+        payload = {**(_payload(report) if report else {}), **(facts or {})}
+        emit_event(event=event, resource=resource, related=related, payload=payload, occurred=occurred)
     except Exception as exc:  # an event is a notice, never a reason to fail a recovery
         log().warning("could not emit %s: %s", event, exc)
 

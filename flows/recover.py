@@ -15,6 +15,7 @@ from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_ledger
 from relaunch.flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
+from relaunch.goodput import observe, payload_of
 from relaunch.hardware import gpu_indexes_of
 from relaunch.history import Night, Storm, across_nights, night_of, restart_storm
 from relaunch.ledger import GpuFault, Ledger, gpu_faults, place, target_gpus
@@ -116,6 +117,8 @@ def checked(target: Target, attempt: int) -> HealthResult:
     """A health check, announced as `relaunch.verdict.<verdict>`."""
     health = check_health(target)
     d = health.diagnosis
+    # One time for the event and the report: a report read back before the event is stored is not counted twice.
+    health.observation = observe(d, health.snapshot, health.progress, datetime.now(UTC))
     emit(
         f"relaunch.verdict.{d.verdict.value}",
         target,
@@ -123,6 +126,8 @@ def checked(target: Target, attempt: int) -> HealthResult:
         cause=d.cause.value if d.cause else None,
         attempt=attempt,
         summary=d.summary[:200],
+        facts=payload_of(health.observation),
+        occurred=health.observation.at,
     )
     return health
 

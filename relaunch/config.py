@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 from pathlib import Path
@@ -91,11 +92,18 @@ class Host(SSHLogin):
         default_factory=list,
         description="Jump hosts passed through in order, each reached through the one before; the host through the last. Empty: direct.",
     )
+    ssh_config: bool = Field(
+        False,
+        description="hostname is an alias in ~/.ssh/config (of the user running relaunch): its HostName, User, Port, IdentityFile, "
+        "ProxyJump and UserKnownHostsFile are used, and ssh-agent's keys; fields set here win. Host keys are verified as without it.",
+    )
 
     @model_validator(mode="after")
     def _jump_needs_ssh(self) -> Host:
         if self.jump and self.kind != "ssh":
             raise ValueError("jump is set but kind is not ssh: jump hosts only lead to an ssh host (set kind: ssh, or remove jump)")
+        if self.ssh_config and self.kind != "ssh":
+            raise ValueError("ssh_config is on but kind is not ssh: only an ssh host is looked up in ~/.ssh/config (set kind: ssh)")
         return self
 
     @property
@@ -341,9 +349,38 @@ class Target(_Model):
         return self.lock_file if self.lock_file.startswith("/") else f"{self.repo_dir}/{self.lock_file}"
 
 
+def targets_folder() -> Path:
+    """Where targets live by name: `$XDG_CONFIG_HOME/relaunch/targets` (default ~/.config/relaunch/targets)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "relaunch" / "targets"
+
+
+def target_names() -> list[str]:
+    """The names of the target files in targets_folder()."""
+    folder = targets_folder()
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def target_file(name_or_path: str | Path) -> Path:
+    """A target file, given as a path or as a NAME in targets_folder() (NAME.yaml): an existing path wins."""
+    path = Path(name_or_path)
+    text = str(name_or_path)
+    if path.exists() or "/" in text or path.suffix in (".yaml", ".yml"):
+        return path
+    named = targets_folder() / f"{text}.yaml"
+    if named.exists():
+        return named
+    known = target_names()
+    raise ConfigError(
+        f"{text}: no such target file, and no target of that name in {targets_folder()}"
+        + (f" (known: {', '.join(known)})" if known else "")
+        + f"\n  what to do: give the path of a target YAML file, or save it as {named}"
+    )
+
+
 def load_target(path: str | Path) -> Target:
-    """Read a target file; a bad file fails naming the file and each bad field."""
-    path = Path(path)
+    """Read a target file (a path, or a name in targets_folder()); a bad file fails naming the file and each bad field."""
+    path = target_file(path)
     data = parse_yaml(path, _read_text(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of target fields, got {type(data).__name__}")

@@ -90,6 +90,9 @@ class Progress:
 
     last_step: int | None = None
     step_changed_at: float | None = None  # seconds since launch when last_step last changed
+    # The first step line, where a poll saw it come (a run first seen already stepping leaves both None).
+    first_step: int | None = None
+    first_step_at: float | None = None  # seconds since launch: the log's last write when a poll first found it
     step_intervals: tuple[float, ...] = ()
     log_size_bytes: int = 0
     log_grew_at: float | None = None
@@ -207,6 +210,8 @@ def advance(progress: Progress, snap: HealthSnapshot, thresholds: Thresholds) ->
         p = replace(p, log_size_bytes=snap.log_size_bytes, log_grew_at=seen_at)
         if reading.steps:  # the last step line is at least as old as the last write
             p = replace(p, last_step=reading.steps[-1], step_changed_at=seen_at)
+    if reading.steps and p.last_step is None and progress.polls > 0:
+        p = replace(p, first_step=reading.steps[0], first_step_at=now - (snap.seconds_since_log_write or 0.0))
     if reading.steps and reading.steps[-1] != p.last_step:
         intervals = p.step_intervals
         if p.last_step is not None and p.step_changed_at is not None and reading.steps[-1] > p.last_step:

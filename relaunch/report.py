@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field
 
 from relaunch.diagnosis import Metrics
+from relaunch.goodput import Observation
 from relaunch.playbook import Action
 from relaunch.snapshot import GpuSample
 from relaunch.steps import StepRecord
@@ -26,6 +27,9 @@ class Attempt(BaseModel):
     metrics: Metrics = Field(default_factory=Metrics)
     steps: list[StepRecord] = Field(default_factory=list, description="Steps run for the action, with durations.")
     run_id: str | None = Field(None, description="Launch this attempt started, if any.")
+    observation: Observation | None = Field(
+        None, description="The health check before it, as goodput reads it: when, and what it saw of the step lines."
+    )
 
 
 class Report(BaseModel):

@@ -44,8 +44,15 @@ def trainer_env(target: Target) -> dict[str, str]:
 
     PYTHONUNBUFFERED=1 unless the target sets it or says `unbuffered: false`: the trainer's stdout is a pipe to
     the log writer, so Python would buffer it in blocks, and step lines arriving in bursts read as a stall.
+
+    TRITON_HOME inside the compile cache unless the target places Triton's cache itself: Triton builds its CUDA driver
+    module (`cuda_utils*.so`) under $HOME/.triton/cache, not under TORCHINDUCTOR_CACHE_DIR, and that module cut short
+    kills every start with SIGBUS (tests/fixtures/logs/gpu/cache_so_half.log). Inside the cache, moving the cache aside
+    cures it, and one target's Triton build never serves another's.
     """
     env = {"TORCHINDUCTOR_CACHE_DIR": target.inductor_cache_dir, "VIRTUAL_ENV": target.venv_dir}
+    if not {"TRITON_HOME", "TRITON_CACHE_DIR"} & target.env.keys():
+        env["TRITON_HOME"] = f"{target.inductor_cache_dir}/triton_home"
     if target.unbuffered and "PYTHONUNBUFFERED" not in target.env:
         env["PYTHONUNBUFFERED"] = "1"
     return {**env, **target.env}

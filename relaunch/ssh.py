@@ -3,7 +3,9 @@
 A host behind jump hosts is reached hop by hop through fabric's gateways (a direct-tcpip tunnel
 from each hop to the next). Host keys are checked against known_hosts on every hop and unknown
 keys are refused unless that hop opts into trust-on-first-use; a changed key is never accepted.
-A private key comes from a file or, held in memory only, from a Prefect Secret block. Failures of
+A private key comes from a file or, held in memory only, from a Prefect Secret block; its passphrase from the hop's
+own Secret block, then the one variable every key may share. With `ssh_config: true` the host is an alias that
+~/.ssh/config resolves (relaunch/sshconfig.py), and ssh-agent's keys are offered too. Failures of
 the wire become TransportError (Prefect retries those); host-key and credential problems need a person.
 """
 
@@ -20,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import overload
 
 import paramiko
 from cryptography.hazmat.primitives import serialization
@@ -31,6 +34,7 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, MAX_COMMAND_BYTES, Command, Result, host_argv, timed_out_on_host
 from relaunch.config import Host, JumpHost, SSHLogin
 from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, RelaunchError, TransportError
+from relaunch.sshconfig import passphrase_block, resolve
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,8 @@ class _Remote(Remote):
 
 def _fabric_config() -> Config:
     # An explicit, empty SSH config and no invoke/fabric config files: the Host model is the only source
-    # of truth (a ~/.ssh/config HostName or ProxyCommand must not silently redirect recovery commands).
+    # of truth (a ~/.ssh/config HostName or ProxyCommand must not silently redirect recovery commands). A host that
+    # opts in (ssh_config: true) has its config read into that model first, by relaunch/sshconfig.py, in the open.
     return Config(ssh_config=paramiko.SSHConfig(), lazy=True, overrides={"runners": {"remote": _Remote}})
 
 
@@ -211,8 +216,11 @@ class SSHTransport:
     """Runs commands on `host` over one SSH connection (through its jump hosts, if any), reconnecting after it drops."""
 
     def __init__(self, host: Host) -> None:
-        self.host = host
-        self._route = _route(host)
+        # With ssh_config on, the alias becomes what ~/.ssh/config makes of it (HostName, User, ProxyJump, ...).
+        resolved = resolve(host)
+        self.host = resolved.host
+        self._aliases = resolved.aliases  # by hop, for the per-host passphrase block; empty without ssh_config
+        self._route = _route(self.host)
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._pkeys: dict[int, paramiko.PKey] = {}  # by hop: each is loaded (and decrypted) once
@@ -301,7 +309,7 @@ class SSHTransport:
         with self._lock:
             if self._conn is None or not self._conn.is_connected:
                 try:
-                    self._conn = self._open(Command(("true",), label="connect"), reached.append)
+                    self._conn = self._open(Command(("true",), label="ssh connect"), reached.append)
                 except RelaunchError as exc:
                     self._conn = None
                     return [(hop.where, None) for hop in reached] + [(self._route[len(reached)].where, exc)]
@@ -330,7 +338,8 @@ class SSHTransport:
         # channel_timeout also bounds the tunnel a jump host opens to the next hop.
         kwargs: dict[str, object] = dict(timeout=t, banner_timeout=t, auth_timeout=t, channel_timeout=t)
         if login.key_path or login.key_secret_block:
-            kwargs.update(pkey=self._private_key(i, hop), allow_agent=False, look_for_keys=False)
+            # As OpenSSH does, a host from ~/.ssh/config may also be let in by a key of ssh-agent's.
+            kwargs.update(pkey=self._private_key(i, hop), allow_agent=self.host.ssh_config, look_for_keys=False)
         conn = _Connection(
             login.hostname, user=login.user, port=login.port, config=_fabric_config(), connect_kwargs=kwargs, gateway=gateway
         )
@@ -440,11 +449,12 @@ class SSHTransport:
                 f"{where} is not a usable private key ({type(exc).__name__}); it must be an unencrypted or passphrase-protected "
                 "OpenSSH or PEM key (RSA, ECDSA or Ed25519)"
             ) from None
-        passphrase, source = self._passphrase(hop)
+        passphrase, source = self._passphrase(i, hop)
         if passphrase is None:
             raise AuthenticationFailed(
                 f"{where} is encrypted and no passphrase is configured\n"
                 f"  what to do: set {PASSPHRASE_ENV} or passphrase_secret_block next to the key"
+                + (f", or create the Secret block {passphrase_block(self._aliases[i])!r}" if self._aliases else "")
             )
         try:
             self._pkeys[i] = load(passphrase.encode())
@@ -456,21 +466,34 @@ class SSHTransport:
             ) from None
         return self._pkeys[i]
 
-    def _passphrase(self, hop: _Hop) -> tuple[str | None, str]:
+    def _passphrase(self, i: int, hop: _Hop) -> tuple[str | None, str]:
+        """The key's own passphrase first (its hop's block, or the block named after its ~/.ssh/config alias), then the
+        one variable every key may share."""
+        if name := hop.login.passphrase_secret_block:
+            return self._secret(name, hop), f"Secret block {name!r}"
+        if self._aliases:
+            name = passphrase_block(self._aliases[i])
+            if (value := self._secret(name, hop, missing_ok=True)) is not None:
+                return value, f"Secret block {name!r}"
         if value := os.environ.get(PASSPHRASE_ENV):
             return value, f"${PASSPHRASE_ENV}"
-        name = hop.login.passphrase_secret_block
-        if not name:
-            return None, ""
-        return self._secret(name, hop), f"Secret block {name!r}"
+        return None, ""
 
-    def _secret(self, name: str, hop: _Hop) -> str:
+    @overload
+    def _secret(self, name: str, hop: _Hop) -> str: ...
+    @overload
+    def _secret(self, name: str, hop: _Hop, missing_ok: bool) -> str | None: ...
+
+    def _secret(self, name: str, hop: _Hop, missing_ok: bool = False) -> str | None:
         # Imported here: only hosts with a key or passphrase in a block need the Prefect API.
         from prefect.blocks.system import Secret
 
         try:
             value = Secret.load(name).get()
         except Exception as exc:
+            # Prefect says "Unable to find block document named ..." (a ValueError): a per-host block is optional.
+            if missing_ok and isinstance(exc, ValueError) and "Unable to find block document" in str(exc):
+                return None
             # Only the error's type: a block's text must never reach an error, whatever went wrong with it.
             raise AuthenticationFailed(
                 f"{hop.where}: cannot load Secret block {name!r}: {type(exc).__name__}\n"

@@ -562,6 +562,9 @@ def client_env(api_url: str, auth: str, home: Path) -> dict[str, str]:
             # Heartbeats every 30 s (the least Prefect takes; default 180): a run whose worker died is found sooner.
             "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
             "PREFECT_LOGGING_LEVEL": "INFO",
+            # One result store for every worker and client (here a folder they all see; across machines, one mount
+            # at this same path, or PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK): a run's result is readable from any of them.
+            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(home.parent / "results"),
             "PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         }
     )

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One command for a local relaunch control plane (`make serve`):
-#   Prefect server (SQLite under PREFECT_HOME) -> process work pool `relaunch` -> one global concurrency
-#   limit per host named in prefect.yaml -> the demo target prepared -> `prefect deploy --all` -> the automations of
-#   automations.yaml (scripts/automations.py) -> a worker.
+#   Prefect server (SQLite under PREFECT_HOME) -> process work pool `relaunch` -> the automations of
+#   automations.yaml (scripts/automations.py) -> a worker. Your targets: `relaunch deploy TARGET.yaml` against it.
+#   With SERVE_DEMO=1 (`make serve-demo`) also: one global concurrency limit per host named in prefect.yaml -> the demo
+#   target prepared -> `prefect deploy --all` (the demo deployments of prefect.yaml, one of them nightly).
 # Ctrl-C, SIGTERM or SIGHUP stops worker, demo trainer (if launched) and server, in that order: docs/operations.md,
 # "Stopping make serve".
 #
 # Settings (environment):
+#   SERVE_DEMO              default 0: no demo deployments; 1: prefect.yaml's demo deployments and their target
 #   PREFECT_HOME            default .cache/prefect-home (the server's SQLite database lives there)
 #   RELAUNCH_SERVE_HOST     default 127.0.0.1
 #   RELAUNCH_SERVE_PORT     default 4200
@@ -35,11 +37,15 @@ export RELAUNCH_DEMO_DIR RELAUNCH_WHEELHOUSE
 RELAUNCH_DEMO_PYTHON=$(python -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')
 export RELAUNCH_DEMO_PYTHON
 export PREFECT_API_URL="http://$HOST:$PORT/api"
+DEMO=${SERVE_DEMO:-0}
 PREPARE=${RELAUNCH_SERVE_PREPARE:-1}
+[ "$DEMO" = 1 ] || PREPARE=0
 KEEP_TRAINER=${RELAUNCH_SERVE_KEEP_TRAINER:-0}
 mkdir -p "$PREFECT_HOME/logs" "$(dirname "$RELAUNCH_DEMO_DIR")"
 LOGS="$PREFECT_HOME/logs" STATE="$RELAUNCH_DEMO_DIR/state" WORKER_NAME="make-serve-$$-$EPOCHSECONDS"
 SERVE_PID="$PREFECT_HOME/serve.pid" WORKER_PID="$PREFECT_HOME/serve-worker.pid" SERVER_PID="$PREFECT_HOME/server.pid"
+# Without the demo, a demo trainer an earlier `make serve-demo` left is not this one's to stop.
+[ "$DEMO" = 1 ] || STATE=""
 TTY_OWNER=${1:-} server_pid="" worker_pid="" helper="" hurry="" trainer_left="" last_signal=0
 tty=$({ : </dev/tty; } 2>/dev/null && echo 1 || true)
 
@@ -133,7 +139,7 @@ server_pid=$! && echo "$server_pid" >"$SERVER_PID" && say "server pid $server_pi
 prefect server status --wait --timeout 180 >/dev/null 2>&1 & checker=$!
 if [ "$PREPARE" = 1 ]; then stop_demo_trainer; fi
 # While the server starts: the demo target prepared (on stderr); the limit name of each host prefect.yaml names (fd 3).
-limits=$(python - "$PREPARE" 3>&1 1>&2 <<'EOF'
+limits=$([ "$DEMO" != 1 ] || python - "$PREPARE" 3>&1 1>&2 <<'EOF'
 import os, sys, types, yaml
 from relaunch.flows.recover import host_limit_name
 from relaunch.config import Host
@@ -159,11 +165,15 @@ for name in $limits; do
   prefect gcl update "$name" --limit 1 >/dev/null 2>&1 || prefect gcl create "$name" --limit 1 >/dev/null; say "concurrency limit $name = 1"
 done
 
-say "deploying prefect.yaml"
-# `prefect deploy` resumes a deployment paused as a whole: note what is paused now, pause it again after.
-python scripts/automations.py save-paused | sed 's/^/[serve] /'
-prefect deploy --all >"$LOGS/serve-deploy.log" 2>&1 || { tail -n 30 "$LOGS/serve-deploy.log"; exit 1; }
-grep -o "Deployment '[^']*' successfully created" "$LOGS/serve-deploy.log" | sed 's/^/[serve] /'
+if [ "$DEMO" = 1 ]; then
+  say "deploying prefect.yaml (the demo)"
+  # `prefect deploy` resumes a deployment paused as a whole: note what is paused now, pause it again after.
+  python scripts/automations.py save-paused | sed 's/^/[serve] /'
+  prefect deploy --all >"$LOGS/serve-deploy.log" 2>&1 || { tail -n 30 "$LOGS/serve-deploy.log"; exit 1; }
+  grep -o "Deployment '[^']*' successfully created" "$LOGS/serve-deploy.log" | sed 's/^/[serve] /'
+else
+  say "no demo deployments (make serve-demo, or SERVE_DEMO=1, adds them)"
+fi
 # Re-pause, then the notification block (RELAUNCH_NOTIFY_URL) and the automations of automations.yaml.
 python scripts/automations.py sync | sed 's/^/[serve] /'
 
@@ -179,14 +189,16 @@ done
 
 ui="http://$HOST:$PORT"
 [ "${PREFECT_SERVER_UI_ENABLED:-true}" = false ] && ui="(UI disabled)"
-cat <<EOF
-[serve] ready: UI $ui   API $PREFECT_API_URL
-[serve]   export PREFECT_API_URL=$PREFECT_API_URL
-[serve]   prefect deployment run 'recover-training/demo' --watch
-[serve]   prefect deployment run 'check-training/nightly-demo' --watch     (also every night at 03:00 UTC)
-[serve]   worker log: tail -f $LOGS/serve-worker.log
-[serve] Ctrl-C stops worker, demo trainer and server, in that order
-EOF
+say "ready: UI $ui   API $PREFECT_API_URL"
+say "  export PREFECT_API_URL=$PREFECT_API_URL"
+if [ "$DEMO" = 1 ]; then
+  say "  prefect deployment run 'recover-training/demo' --watch"
+  say "  prefect deployment run 'check-training/nightly-demo' --watch     (also every night at 03:00 UTC)"
+else
+  say "  relaunch deploy TARGET.yaml        (its nightly check and its recovery, on this server)"
+fi
+say "  worker log: tail -f $LOGS/serve-worker.log"
+say "Ctrl-C stops worker${STATE:+, demo trainer} and server, in that order"
 
 # Until a signal, the server or the worker exiting, or the terminal closing: that signals only its session's leader
 # (a shell passes it on to make's process group, not this one; make passes nothing on).

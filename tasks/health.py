@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from relaunch.config import Target
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
 from relaunch.errors import CommandFailed, StateFolderTaken
+from relaunch.goodput import Observation
 from relaunch.hardware import gpu_indexes_of
 from relaunch.plans.health import plan_snapshot
 from relaunch.runfiles import new_nonce, parse_snapshot, state_identity
@@ -27,6 +28,8 @@ class HealthResult(BaseModel):
     snapshot: HealthSnapshot
     polls: int = Field(description="Round trips made.")
     seconds: float = Field(description="Time spent waiting for the verdict to settle.")
+    progress: Progress = Field(default_factory=Progress, description="What the polls saw of the step lines (their times since launch).")
+    observation: Observation | None = Field(None, description="The verdict as goodput reads it (set where it is announced).")
 
 
 def collect_snapshot(target: Target, wait_seconds: float = 0, wake_on_log_write: bool = False) -> HealthSnapshot:
@@ -75,7 +78,9 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
             elapsed = snap.seconds_since_launch or 0.0
             bar.update(min(99.0, 100.0 * elapsed / max(t.startup_grace_seconds, 1.0)), diagnosis.summary, announce=False)
         if diagnosis.settled or time.monotonic() >= deadline:
-            return HealthResult(diagnosis=diagnosis, snapshot=snap, polls=polls, seconds=round(time.monotonic() - start, 3))
+            return HealthResult(
+                diagnosis=diagnosis, snapshot=snap, polls=polls, seconds=round(time.monotonic() - start, 3), progress=progress
+            )
 
 
 def adoptable(snap: HealthSnapshot) -> bool:

@@ -33,15 +33,17 @@ class Memory(BaseModel):
     ledger: Ledger
 
 
-def variable_name(kind: str, name: str) -> str:
+def variable_name(kind: str, name: str, identity: str | None = None) -> str:
     """Variable names take lowercase letters, digits, dashes and underscores only: the name made so, plus a short hash
-    of it as given (`Gpu.Host` and `gpu-host` stay apart)."""
+    of what it stands for as given (`Gpu.Host` and `gpu-host` stay apart)."""
     slug = re.sub(r"[^a-z0-9_-]+", "-", name.lower()).strip("-")[:120]
-    return f"relaunch-{kind}-{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return f"relaunch-{kind}-{slug}-{hashlib.sha256((identity or name).encode()).hexdigest()[:8]}"
 
 
 def history_variable(target: Target) -> str:
-    return variable_name("history", target.name)
+    """One run's history: the fleet's own idea of one run (flows/fleet.py) is its host and its state folder, so two
+    targets of one name on two hosts keep two histories."""
+    return variable_name("history", target.name, f"{target.name} {target.host.label} {target.state_path}")
 
 
 def ledger_variable(hostname: str) -> str:

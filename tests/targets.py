@@ -14,9 +14,11 @@ from relaunch.demo.target import git
 from relaunch.demo.wheels import build_all
 
 # A trainer in bash: step lines in the incident's format, fast, no torch.
+# Its argument is a step or a checkpoint's path (`.../step_40.pt` resumes after step 40); START_SECONDS of start-up.
 STEPPER = """#!/usr/bin/env bash
-start=${1:-0}
+start=${1:-0}; start=${start##*_}; start=${start%%.*}
 echo "loading"
+sleep "${START_SECONDS:-0}"
 for i in $(seq $((start + 1)) 100000); do
   echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s) | q_hs=[2]"
   sleep "${STEP_SECONDS:-0.2}"

@@ -1,4 +1,4 @@
-"""relaunch operated through Prefect: scripts/serve.sh brings up a real server (its own PREFECT_HOME, a free
+"""relaunch operated through Prefect: scripts/serve.sh (as `make serve-demo`) brings up a real server (its own PREFECT_HOME, a free
 port), the `relaunch` process pool, the per-host concurrency limit, `prefect deploy --all` from prefect.yaml
 and a real process worker; the tests drive it with the `prefect` CLI and the API, as a person would.
 The real demo target is prepared by serve.sh and recovered through the deployment as deployed (~90 s here).
@@ -110,6 +110,7 @@ def plane(tmp_path_factory):
         "RELAUNCH_DEMO_DIR": str(base / "demo"),
         "PREFECT_SERVER_UI_ENABLED": "false",
         "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "SERVE_DEMO": "1",  # `make serve-demo`: these tests drive prefect.yaml's demo deployments
     }
     env.pop("PREFECT_API_URL", None)
     process = subprocess.Popen(

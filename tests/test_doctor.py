@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from relaunch.cli.doctor import examine
+from relaunch.commands import Result
 from relaunch.config import Target
-from relaunch.plans.doctor import Check, Status, passed
+from relaunch.plans.doctor import Check, Status, host_checks, passed
 from tests.faults import RELAUNCH, bin_without, cli_env, tmpfs, write_target
 from tests.sshd import SSHServer, free_port, sshd  # noqa: F401  (sshd is a fixture)
 from tests.targets import shell_target
@@ -66,6 +67,7 @@ class Broken:
     detail: str
     advice: str
     not_run: frozenset[str] = frozenset()
+    api_down: bool = False  # the Prefect API the commands use is a port where nothing listens
 
 
 def _empty_known_hosts(tmp_path: Path) -> str:
@@ -73,10 +75,14 @@ def _empty_known_hosts(tmp_path: Path) -> str:
     return str(tmp_path / "known_hosts")
 
 
-def _without_tmux(base: Target, _: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Target:
-    # The one local case: the sshd's sessions get a fixed PATH; here the doctor's own shell lacks tmux.
-    monkeypatch.setenv("PATH", str(bin_without(tmp_path / "bin", "tmux")))
-    return base
+def _without(tool: str, expected_gpus: int = 0) -> Callable[[Target, SSHServer, Path, pytest.MonkeyPatch], Target]:
+    """The local host with `tool` missing from PATH: the sshd's sessions get a fixed PATH, the doctor's own shell not."""
+
+    def make(base: Target, _: SSHServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Target:
+        monkeypatch.setenv("PATH", str(bin_without(tmp_path / "bin", tool)))
+        return base.model_copy(update={"thresholds": base.thresholds.model_copy(update={"expected_gpus": expected_gpus})})
+
+    return make
 
 
 def _unresolvable_lock(base: Target, sshd: SSHServer, tmp_path: Path, _: pytest.MonkeyPatch) -> Target:
@@ -115,7 +121,7 @@ BROKEN = {
         "pct start 202",
         frozenset({"host checks"}),
     ),
-    "tmux missing": Broken(_without_tmux, "tmux", "tmux is not on PATH", "install tmux"),
+    "tmux missing": Broken(_without("tmux"), "tmux", "tmux is not on PATH", "install tmux"),
     "checkpoint folder read-only": Broken(
         lambda base, sshd, tmp, _: base.model_copy(update={"host": sshd.ssh_host(), "checkpoint_dir": str(tmp / "ro")}),
         "writable checkpoint_dir",
@@ -123,6 +129,19 @@ BROKEN = {
         "read-only mount",
     ),
     "lock does not resolve": Broken(_unresolvable_lock, "lock", "tinyjunk==9.9.9", "pin versions that exist"),
+    "Prefect API down": Broken(
+        lambda base, sshd, tmp, _: base.model_copy(update={"host": sshd.ssh_host()}),
+        "api",
+        "Connection refused",
+        "make serve",
+        api_down=True,
+    ),
+    "GPUs expected, no nvidia-smi": Broken(
+        _without("nvidia-smi", expected_gpus=2),
+        "nvidia-smi",
+        "nvidia-smi is not on PATH, and the target expects 2 GPU(s)",
+        "expected_gpus: 0",
+    ),
 }
 
 
@@ -139,7 +158,8 @@ def test_the_doctor_names_the_one_problem_and_what_to_do(
     if "read-only" in case:
         request.getfixturevalue("read_only_folder")
     broken = BROKEN[case]
-    checks = examine(broken.make(base, sshd, tmp_path, monkeypatch), None)
+    api_url = f"http://127.0.0.1:{free_port()}/api" if broken.api_down else None
+    checks = examine(broken.make(base, sshd, tmp_path, monkeypatch), api_url)
     shown = "\n".join(c.line() for c in checks)
     assert failed(checks) == {broken.fails} and skipped(checks) == broken.not_run, shown
     check = by_name(checks)[broken.fails]
@@ -149,16 +169,10 @@ def test_the_doctor_names_the_one_problem_and_what_to_do(
 
 def test_an_unknown_host_key_is_never_recorded_even_with_trust_on_first_use(base: Target, sshd: SSHServer, tmp_path: Path) -> None:
     known_hosts = _empty_known_hosts(tmp_path)
-    examine(base.model_copy(update={"host": sshd.ssh_host(known_hosts_path=known_hosts, trust_on_first_use=True)}), None)
+    checks = examine(base.model_copy(update={"host": sshd.ssh_host(known_hosts_path=known_hosts, trust_on_first_use=True)}), None)
     assert Path(known_hosts).read_text() == ""
+    assert "trust_on_first_use is on: the first recovery would record this key without that check" in checks[0].advice
     assert sshd.ssh_host().known_hosts_path and Path(sshd.ssh_host().known_hosts_path or "").read_text() == sshd.known_hosts_line()
-
-
-def test_an_api_that_is_down_fails_its_line_and_only_it(base: Target, sshd: SSHServer) -> None:
-    url = f"http://127.0.0.1:{free_port()}/api"
-    checks = examine(base.model_copy(update={"host": sshd.ssh_host()}), url)
-    assert failed(checks) == {"api"}, "\n".join(c.line() for c in checks)
-    assert url in by_name(checks)["api"].detail and "Connection refused" in by_name(checks)["api"].detail
 
 
 def test_the_command_exits_0_on_a_good_target_and_1_naming_a_stopped_container(
@@ -176,3 +190,17 @@ def test_the_command_exits_0_on_a_good_target_and_1_naming_a_stopped_container(
     assert out.returncode == 1, out.stdout + out.stderr
     assert "fail    container" in out.stdout and "what to do: start it with `pct start 202`" in out.stdout, out.stdout
     assert out.stdout.rstrip().endswith("1 failed, 1 not run, of 4 checks"), out.stdout
+
+
+GPU_HOST = Path(__file__).parent / "fixtures" / "doctor_gpu"  # captured on an H200 host (its PROVENANCE.md)
+
+
+@pytest.mark.parametrize(("expected_gpus", "gpus_status"), [(1, Status.OK), (16, Status.FAIL)])
+def test_the_gpu_lines_of_a_real_gpu_host_read_as_visible_against_expected(base: Target, expected_gpus: int, gpus_status: Status) -> None:
+    stdout = (GPU_HOST / f"doctor_expect_{expected_gpus}.txt").read_text()
+    checks = by_name(host_checks(base, Result(0, stdout)))
+    assert checks["nvidia-smi"].status is Status.OK and checks["gpus"].status is gpus_status
+    if gpus_status is Status.FAIL:
+        assert "only 1 GPU(s) visible, 16 expected: GPU 0: NVIDIA H200" in checks["gpus"].detail and "passthrough" in checks["gpus"].advice
+    # That host had no network and the target was not offline: the lock's line says so, in uv's words.
+    assert checks["lock"].status is Status.FAIL and "dns error" in checks["lock"].detail

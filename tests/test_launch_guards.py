@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from relaunch.errors import CommandFailed
+from relaunch.plans.warm_cache import foreign_entries
 from relaunch.runfiles import state_identity, trainer_env
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
@@ -156,6 +157,17 @@ def test_pythonunbuffered_is_left_to_the_target_when_it_sets_it_or_turns_it_off(
     assert trainer_env(base)["PYTHONUNBUFFERED"] == "1"
     assert trainer_env(base.model_copy(update={"env": {"PYTHONUNBUFFERED": ""}}))["PYTHONUNBUFFERED"] == ""
     assert "PYTHONUNBUFFERED" not in trainer_env(base.model_copy(update={"unbuffered": False}))
+
+
+def test_tritons_own_cache_lives_inside_the_targets_compile_cache_so_moving_the_cache_aside_takes_it_too(tmp_path):
+    # On the H200 Triton built its driver module under $HOME/.triton/cache, outside TORCHINDUCTOR_CACHE_DIR, and that
+    # module cut in half killed every start with SIGBUS (tests/fixtures/logs/gpu/cache_so_half.log).
+    base = shell_target(tmp_path / "a")
+    assert trainer_env(base)["TRITON_HOME"] == f"{base.inductor_cache_dir}/triton_home"
+    assert not foreign_entries("d", ["triton_home", "fxgraph", "triton"]), "relaunch's own Triton home is compile cache"
+    for own in ({"TRITON_HOME": "/shared/triton"}, {"TRITON_CACHE_DIR": "/shared/triton/cache"}):
+        env = trainer_env(base.model_copy(update={"env": own}))
+        assert env.get("TRITON_HOME") == own.get("TRITON_HOME"), "a target that places Triton's cache itself keeps its place"
 
 
 @pytest.mark.parametrize(

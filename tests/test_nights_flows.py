@@ -9,18 +9,25 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
 from relaunch.ledger import Ledger
 from relaunch.playbook import Action
 from relaunch.tasks.launch import launch
 from relaunch.tasks.memory import history_variable, read_ledger, write_ledger
+from relaunch.transport import close_all
 from relaunch.verdicts import Cause, Verdict
-from tests.faults import RELAUNCH, ROOT, cli_env
+from tests.faults import RELAUNCH, ROOT, cli_env, wait_for
+from tests.netns import Fleet, fleet_of_hosts
 from tests.targets import runs, shell_target, stop_all, wait_for_exit
 from tests.test_fleet_failures import XID, dmesg_printing, host_commands, launched_and_exited, made, recover, told, trainer  # noqa: F401
+from tests.test_netns_fleet import stopping, targets_on
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -119,3 +126,51 @@ def test_a_gpu_that_failed_is_ledgered_swapped_for_the_spare_and_never_given_bac
     assert cleared.returncode == 0 and cleared.stdout.startswith("cleared GPU 0 (PCI 00000000:00:06.0"), cleared.stdout + cleared.stderr
     with client() as c:
         assert read_ledger(c, t.host.hostname).gpus == []
+
+
+@pytest.fixture
+def two_hosts(tmp_path: Path) -> Iterator[Fleet]:
+    """Two hosts, each in its own network namespace with its own sshd (tests/netns.py)."""
+    close_all()
+    with fleet_of_hosts(2, tmp_path / "hosts") as hosts:
+        try:
+            yield hosts
+        finally:
+            close_all()
+
+
+def incident_events(since: datetime) -> list:
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
+
+    with client() as c:
+        return c.read_events(
+            filter=EventFilter(event=EventNameFilter(name=["relaunch.fleet.incident"]), occurred=EventOccurredFilter(since=since)),
+            limit=50,  # the server's page; the client asks 100 by default
+        ).events
+
+
+def test_one_crash_on_two_hosts_at_once_is_one_incident_and_the_second_recovery_is_held_when_the_first_does_not_heal(
+    tmp_path, two_hosts: Fleet
+):
+    # Both hosts' runs crash the same way within seconds, and their relaunch would crash again: the first recovery escalates.
+    targets = [t.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}}) for t in targets_on(two_hosts, tmp_path)]
+    since = datetime.now(UTC)
+    with stopping(two_hosts, targets):
+        for t in targets:
+            launch.fn(t, 1)
+        for t in targets:
+            wait_for_exit(t)
+        close_all()  # the fleet run makes its own connections
+        state = check_fleet(targets, recover=True, max_concurrent=2, return_state=True)
+        fleet = state.result(raise_on_failure=False)
+        launches = [len(runs(t)) for t in targets]
+    hosts = [h.address for h in two_hosts.net.hosts]
+    (incident,) = fleet.incidents
+    assert incident.startswith(f"one incident: crashed/error on 2 hosts ({hosts[0]}, {hosts[1]}) within "), incident
+    first, second = fleet.rows
+    assert first.recovered and not first.ok and first.incident == second.incident == "crashed/error", first
+    assert not second.recovered and second.message.startswith("held: one incident: crashed/error on 2 hosts"), second
+    assert launches == [2, 1], "the first host relaunched once (then escalated); the second was never touched"
+    assert state.is_failed() and "2 of 2 targets not healthy" in state.message
+    (event,) = wait_for(lambda: incident_events(since), 30, "the incident's event on the server")
+    assert event.resource["relaunch.hosts"] == ",".join(hosts) and event.resource["relaunch.targets"] == "host0,host1", event

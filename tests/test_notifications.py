@@ -227,6 +227,39 @@ def test_a_recovery_that_escalates_fails_its_flow_run_emits_the_event_and_the_we
     assert message["text"] == f"{message['subject']}\n{body}", "the `text` field is what Slack-style hooks show"
 
 
+def test_a_restart_storm_is_told_with_its_nights(server, receiver, tmp_path):
+    """The third night of one crash from the same (no) checkpoint: the first two nights are this run's own diagnosis,
+    dated back a day each and stored as the recoveries of those nights store them (docs/nights.md)."""
+    from datetime import UTC, datetime, timedelta
+
+    from prefect.client.schemas.actions import VariableCreate
+
+    from relaunch.history import History, night_of
+    from relaunch.tasks.health import poll_until_settled
+    from relaunch.tasks.memory import HISTORY_TAG, history_variable
+
+    target = shell_target(tmp_path, name="stormy", env={"EXIT_AT": "2", "EXIT_CODE": "3"})
+    spec = write_target(target, tmp_path / "target.yaml")
+    try:
+        launch.fn(target, 1)
+        wait_for_exit(target)
+        found = poll_until_settled(target)
+        now = datetime.now(UTC)
+        history = History(target=target.name)
+        for days in (2, 1):
+            history = history.with_night(night_of(found.diagnosis, found.snapshot.checkpoint, now - timedelta(days=days)))
+        value = history.model_dump(mode="json")
+        server.api(lambda c: c.create_variable(VariableCreate(name=history_variable(target), value=value, tags=[HISTORY_TAG])))
+        output = tmp_path / "recover.out"
+        code = start_cli(["recover", str(spec)], cli_env(tmp_path / "cli-home", server.api_url), output).wait(timeout=240)
+    finally:
+        stop_all(target)
+    assert code == 1, output.read_text()[-4000:]
+    message = receiver.wait(lambda m: "stormy" in m["subject"], 60, "the restart storm's message")
+    assert "why: restart storm: crashed/error returned 3 times within 72 h" in message["body"], message["body"]
+    assert "Nights: " in message["body"] and message["body"].count("crashed/error from no checkpoint") == 3, message["body"]
+
+
 def test_a_failed_nightly_check_is_told_with_its_one_line_state_message(server, receiver, tmp_path):
     target = shell_target(tmp_path / "nightly", name="nightly", env={"EXIT_AT": "2", "EXIT_CODE": "7"})
     spec = write_target(target, tmp_path / "target.yaml")

@@ -4,36 +4,18 @@ bastion or a laptop, and puts nothing but `relaunch` at the top of site-packages
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from tests.installed import clean_env, installed_venv, run
 from tests.targets import shell_target
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300, **kw)
-
-
-def test_the_wheel_installed_without_torch_runs_version_diagnose_dry_run_and_check(tmp_path):
-    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources it builds.
-    source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "build", "*.egg-info", "__pycache__"))
-    built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(source)])
-    assert built.returncode == 0, built.stderr[-2000:]
-    (wheel,) = (tmp_path / "dist").glob("relaunch-*.whl")
-    venv = tmp_path / "venv"
-    uv = Path(sys.executable).parent / "uv"
-    python = getattr(sys, "_base_executable", sys.executable)
-    assert run([str(uv), "venv", "-q", "--python", python, str(venv)]).returncode == 0
-    installed = run([str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(wheel)])
-    assert installed.returncode == 0, installed.stderr[-2000:]
-
+def test_the_wheel_installed_without_torch_runs_version_diagnose_dry_run_and_check(tmp_path, tmp_path_factory):
+    venv = installed_venv(tmp_path_factory.getbasetemp().parent)
     site = next((venv / "lib").glob("python3*/site-packages"))
     (record,) = site.glob("relaunch-*.dist-info/RECORD")
     tops = {line.split(",")[0].split("/")[0] for line in record.read_text().splitlines()}
@@ -41,8 +23,7 @@ def test_the_wheel_installed_without_torch_runs_version_diagnose_dry_run_and_che
     assert not list(site.glob("torch*")), "no torch for a bastion"
 
     exe = venv / "bin" / "relaunch"
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    env = clean_env(tmp_path)
     assert run([str(exe), "--version"], env=env).stdout.startswith("relaunch ")
     log = next((ROOT / "tests" / "fixtures" / "logs").rglob("*.log"))
     diagnosed = run([str(exe), "diagnose", str(log), "--exit-code", "1"], env=env)

@@ -8,6 +8,7 @@ import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,12 +24,40 @@ EXIT_CODES = (
 )
 
 app = typer.Typer(
-    add_completion=False,
+    # `relaunch --install-completion` (bash, zsh, fish): commands, options and the choices below complete.
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Bring a dead or sick training run back to health, and say why it died.\n\n" + EXIT_CODES,
 )
 DEBUG = {"on": False}
+JSON_HELP = "Print the report (verdict, cause, attempts, steps, message) as JSON."
+
+
+class Scenario(str, Enum):
+    """The demo's scenarios (relaunch.demo.scenarios.SCENARIOS; tests/test_cli_options.py keeps them the same)."""
+
+    HEALTHY = "healthy"
+    MISSING_DEPENDENCY = "missing-dependency"
+    FX_RACE = "fx-race"
+    SILENT_DEATH = "silent-death"
+    DEGRADED = "degraded"
+    DIVERGED = "diverged"
+    BROKEN_CHECKPOINT = "broken-checkpoint"
+
+
+class Device(str, Enum):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Ask on a terminal before something destructive; --yes, or input that is not a terminal (a script, a pipe), skips it."""
+    if yes or not sys.stdin.isatty():
+        return
+    if not typer.confirm(question, default=False):
+        print("relaunch: nothing done", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 def _version(value: bool) -> None:
@@ -107,13 +136,11 @@ def _run_flow(flow: Callable[..., Any], **parameters: Any) -> Any:
 
 @app.command()
 def demo(
-    scenario: str = typer.Option(
-        "healthy", help="healthy, missing-dependency, fx-race, silent-death, degraded, diverged, broken-checkpoint"
-    ),
+    scenario: Scenario = typer.Option(Scenario.HEALTHY, help="The fault to break the demo trainer with (docs/demo.md)."),
     workdir: Path = typer.Option(Path(".cache/demo"), help="Folder for the demo targets."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     keep_running: bool = typer.Option(False, help="Leave the recovered trainer running in tmux."),
-    device: Optional[str] = typer.Option(
+    device: Optional[Device] = typer.Option(
         None,
         help="cuda: the trainer on the GPUs, compiled flex_attention, torch from this interpreter; cpu. Default: cuda where torch sees a GPU.",
     ),
@@ -122,13 +149,14 @@ def demo(
     from relaunch.demo.scenarios import SCENARIOS, prepare
     from relaunch.demo.target import resolve_device
 
+    scenario = Scenario(scenario).value
     if scenario not in SCENARIOS:
         print(f"relaunch: unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}", file=sys.stderr)
         raise typer.Exit(2)
     from relaunch.flows.recover import recover_training
 
     with _errors():
-        target = prepare(scenario, workdir.resolve() / scenario, device=resolve_device(device))
+        target = prepare(scenario, workdir.resolve() / scenario, device=resolve_device(device.value if device else None))
         target_file = _write_target(target, workdir.resolve() / scenario / "target.yaml")
         try:
             report = _run_flow(recover_training, target=target)
@@ -232,7 +260,7 @@ def check(
     recover: bool = typer.Option(
         False, "--recover", help="Recover a crashed, stalled, degraded, diverged or never-launched run (the nightly check)."
     ),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Check a target's health; signal, stop or start nothing unless --recover (a run started by hand is adopted: recorded, not touched)."""
     from relaunch.flows.check import check_training
@@ -246,9 +274,10 @@ def check(
 @app.command()
 def recover(
     target_file: Path = typer.Argument(..., help="Target YAML."),
-    force: bool = typer.Option(False, help="Run the full procedure even on a healthy run."),
-    as_json: bool = typer.Option(False, "--json"),
+    force: bool = typer.Option(False, help="Run the full procedure even on a healthy run (asks first on a terminal)."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the host commands of the full procedure; run nothing."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before --force stops a healthy run."),
 ) -> None:
     """Recover a target: diagnose, act on the verdict through the playbook, check again."""
     if dry_run:
@@ -260,7 +289,11 @@ def recover(
     from relaunch.flows.recover import recover_training
 
     with _errors():
-        report = _run_flow(recover_training, target=load_target(target_file), force=force)
+        target = load_target(target_file)
+    if force:
+        _confirm(f"--force stops {target.name} on {target.host.label} even if it is healthy, and relaunches it. Go on?", yes)
+    with _errors():
+        report = _run_flow(recover_training, target=target, force=force)
     _print_report(report, as_json)
     _exit_for(report)
 
@@ -274,13 +307,24 @@ def stop(
         "--timeout-seconds",
         help="After its one SIGTERM, give the trainer this long to save and exit before SIGKILL (default: the target's stop_grace_seconds).",
     ),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before stopping (it never asks when input is not a terminal)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was stopped (the host's output and exit code) as JSON."),
 ) -> None:
     """Stop what relaunch started or adopted (recorded PIDs, the run's marker, its own tmux pane), on purpose: checks
     leave the target stopped until `relaunch recover`. Waits for its GPU memory to be released."""
     with _errors():
         target = load_target(target_file)
+    _confirm(f"Stop {target.name} on {target.host.label}? Checks leave it stopped until `relaunch recover`.", yes)
+    with _errors():
         result = _stop(target, grace_seconds, deliberate=True)
-    print(result.stdout.strip() or "nothing to stop")
+    if as_json:
+        print(
+            json.dumps(
+                {"target": target.name, "host": target.host.label, "exit_code": result.exit_code, "output": result.stdout.strip()}, indent=2
+            )
+        )
+    else:
+        print(result.stdout.strip() or "nothing to stop")
     if result.exit_code != 0:
         print(
             f"relaunch: the stop ({target.state_path}) on {target.host.label} exited {result.exit_code}: {result.tail}\n"
@@ -337,7 +381,7 @@ def fleet(
         ..., help="Fleet YAML: `targets:` (target files, relative to it, or inline targets), optional `max_concurrent:`."
     ),
     recover: bool = typer.Option(True, "--recover/--check-only", help="Recover the sick targets (default), or only check."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the fleet's table (one row per target) as JSON."),
 ) -> None:
     """Check many targets at once; recover the sick ones, one recovery per host at a time."""
     from relaunch.config import load_fleet
@@ -358,6 +402,129 @@ def fleet(
             )
         print(result.summary())
     raise typer.Exit(0 if all(r.verdict is not None and r.verdict.is_fine() for r in result.rows) else 1)
+
+
+@app.command("deploy")
+def deploy_command(
+    target_file: Path = typer.Argument(..., help="Target YAML, or a target's name in ~/.config/relaunch/targets."),
+    cron: str = typer.Option("0 3 * * *", "--cron", help="When the nightly check runs (cron, in --timezone)."),
+    timezone: str = typer.Option("UTC", "--timezone", help="The time zone the cron schedule is read in (IANA name, e.g. Europe/Berlin)."),
+    pool: str = typer.Option("relaunch", "--pool", help="The work pool both deployments run on (a process pool is created when missing)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was deployed as JSON."),
+) -> None:
+    """Create or update the target's nightly check (`check-training/nightly-NAME`) and its recovery on demand
+    (`recover-training/NAME`) from the installed package, the host's concurrency limit and the automations that tell a
+    person. Run it again after editing the target file: nothing is duplicated, a paused schedule stays paused."""
+    from relaunch.cli.deploy import deploy
+    from relaunch.config import target_file as resolve
+
+    with _errors():
+        path = resolve(target_file).resolve()
+        done = deploy(load_target(path), path, cron, timezone, pool, say=(lambda line: None) if as_json else print)
+    if as_json:
+        print(json.dumps(done.model_dump(mode="json"), indent=2))
+    else:
+        print(
+            f"deployed {done.target}: a worker on pool {done.pool!r} (`pip install relaunch`, then `prefect worker start --pool {done.pool}`) runs them;\n"
+            f"  now: prefect deployment run '{done.recover_deployment}' --watch"
+        )
+
+
+@app.command("undeploy")
+def undeploy_command(
+    target: str = typer.Argument(..., help="The target's name (or its target file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the deleted deployments as JSON."),
+) -> None:
+    """Delete the target's two deployments and, when no other target uses its host, the host's concurrency limit.
+    Runs already going finish; the host and the automations are not touched."""
+    from relaunch.cli.deploy import undeploy
+
+    with _errors():
+        name = load_target(target).name if Path(target).suffix in (".yaml", ".yml") or "/" in target else target
+        removed = undeploy(name, say=(lambda line: None) if as_json else print)
+    if as_json:
+        print(json.dumps({"target": name, "deleted": removed}, indent=2))
+
+
+@app.command("status")
+def status_command(
+    fleet_file: Optional[Path] = typer.Argument(
+        None, help="Fleet YAML (as for `relaunch fleet`); default: every target in ~/.config/relaunch/targets."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+) -> None:
+    """One line per target from the Prefect server's records: verdict and since when, the last recovery, last
+    night's goodput where a flow publishes it, the nightly schedule. Changes nothing, reaches no host."""
+    from datetime import UTC, datetime
+
+    from relaunch.cli.deploy import require_api
+    from relaunch.cli.status import gather, render
+    from relaunch.config import load_fleet, target_names, targets_folder
+
+    with _errors():
+        if fleet_file is not None:
+            targets = load_fleet(fleet_file)[0]
+        else:
+            targets = [load_target(name) for name in target_names()]
+            if not targets:
+                raise ConfigError(f"no targets in {targets_folder()}: save target files there as NAME.yaml, or give a fleet file")
+        require_api()
+        rows = gather(targets)
+    if as_json:
+        print(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+    else:
+        print(render(rows, datetime.now(UTC)))
+
+
+@app.command("services")
+def services_command(
+    systemd: Optional[Path] = typer.Option(
+        None, "--systemd", help="Write prefect-server.service and relaunch-worker.service into this folder."
+    ),
+    compose: Optional[Path] = typer.Option(
+        None,
+        "--compose",
+        help="Write compose.yaml (PostgreSQL, Redis, server, worker) and .env (random secrets, if none) into this folder.",
+    ),
+    user: str = typer.Option("prefect", "--user", help="The system user the units run as (create it: useradd --system prefect)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="The address the server listens on."),
+    port: int = typer.Option(4200, "--port", help="The port the server listens on."),
+    pool: str = typer.Option("relaunch", "--pool", help="The work pool the worker polls."),
+    api_url: Optional[str] = typer.Option(None, "--api-url", help="The API the worker unit talks to (default: the server unit's)."),
+) -> None:
+    """Write the control plane as services: systemd units for a Prefect server and a relaunch worker, and a compose
+    file for the scale-out set-up (docs/operations.md). They run the relaunch installed here."""
+    from relaunch.cli.services import values, write_compose, write_systemd
+
+    if systemd is None and compose is None:
+        print("relaunch: give --systemd DIR, --compose DIR, or both", file=sys.stderr)
+        raise typer.Exit(2)
+    with _errors():
+        filled = values(user, host, port, pool, api_url)
+        written = (write_systemd(systemd, filled) if systemd else []) + (write_compose(compose, filled) if compose else [])
+    for path in written:
+        print(f"wrote {path}")
+
+
+# ---- goodput: where a target's time went (relaunch/goodput.py; docs/goodput.md) ----------------------------------
+@app.command()
+def goodput(
+    target: str = typer.Argument(..., help="Target YAML, or the target's name as its runs recorded it."),
+    days: float = typer.Option(7.0, "--days", min=0.01, help="How many days back from now."),
+    as_json: bool = typer.Option(False, "--json", help="Seconds per category, per UTC night and in total, and the segments."),
+) -> None:
+    """Productive training time and lost time by category, per night and in total, from what relaunch recorded in Prefect."""
+    from datetime import UTC, datetime, timedelta
+
+    from relaunch import goodput as gp
+    from relaunch.tasks.goodput import collect_timeline
+
+    with _errors():
+        name = load_target(Path(target)).name if target.endswith((".yaml", ".yml")) or Path(target).is_file() else target
+        now = datetime.now(UTC)
+        result = gp.report(collect_timeline.fn(name, now - timedelta(days=days), now), days, now)
+    print(json.dumps(result.model_dump(mode="json"), indent=2) if as_json else gp.text_table(result))
+    raise typer.Exit(0)
 
 
 @app.command("rollback-venv")

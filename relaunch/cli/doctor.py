@@ -20,8 +20,10 @@ API_TIMEOUT_SECONDS = 5.0
 
 def strict(host: Host) -> Host:
     """The host with trust-on-first-use off on every hop: the doctor reports an unknown key rather than recording it."""
-    jumps = [j.model_copy(update={"trust_on_first_use": False}) for j in host.jump]
-    return host.model_copy(update={"trust_on_first_use": False, "jump": jumps})
+    update: dict[str, object] = {"trust_on_first_use": False}
+    if host.jump:  # left unset otherwise: an unset jump is what lets ~/.ssh/config's ProxyJump apply
+        update["jump"] = [j.model_copy(update={"trust_on_first_use": False}) for j in host.jump]
+    return host.model_copy(update=update)
 
 
 def examine(target: Target, api_url: str | None, api_timeout_seconds: float = API_TIMEOUT_SECONDS) -> list[Check]:
@@ -39,11 +41,13 @@ def _host_side(target: Target) -> list[Check]:
         checks = [Check(name="host", status=Status.OK, detail="this machine (kind: local)")]
     else:
         from relaunch.ssh import SSHTransport
+        from relaunch.sshconfig import resolve
 
+        given = resolve(target.host).host  # as ~/.ssh/config makes it (unchanged without ssh_config)
         ssh = SSHTransport(strict(target.host))
         transport = ssh
         hops = ssh.reach()
-        checks = route_checks(hops, total=len(target.host.jump) + 1)
+        checks = route_checks(hops, [j.trust_on_first_use for j in given.jump] + [given.trust_on_first_use])
         if hops[-1][1] is not None:
             ssh.close()
             return checks

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from relaunch.commands import Command, Result, describe_container_failure, script
 from relaunch.config import Target
+from relaunch.errors import HostKeyError
 from relaunch.host import host_script
 from relaunch.plans.rebuild_venv import installer_flags
 
@@ -70,16 +71,20 @@ def split_advice(error: BaseException) -> tuple[str, str]:
     return what.strip(), advice.strip()
 
 
-def route_checks(hops: list[tuple[str, BaseException | None]], total: int) -> list[Check]:
-    """One line per hop reached, then the hop that failed and, behind it, the host's checks as not run (`total` hops
-    in all, the host last)."""
+def route_checks(hops: list[tuple[str, BaseException | None]], trusting: list[bool]) -> list[Check]:
+    """One line per hop reached, then the hop that failed and, behind it, the host's checks as not run. `trusting`:
+    whether each hop of the route (the host last) sets trust_on_first_use, which the doctor never acts on."""
     checks = []
     for i, (where, error) in enumerate(hops, 1):
-        name = "host" if i == total else f"hop {i}"
+        name = "host" if i == len(trusting) else f"hop {i}"
         if error is None:
             checks.append(Check(name=name, status=Status.OK, detail=f"reached {where}; host key known"))
             continue
         what, advice = split_advice(error)
+        if trusting[i - 1] and isinstance(error, HostKeyError) and "unknown host key" in what:
+            advice = advice.split(", or set trust_on_first_use")[0] + (
+                " (trust_on_first_use is on: the first recovery would record this key without that check)"
+            )
         checks.append(Check(name=name, status=Status.FAIL, detail=what, advice=advice or "check the route to this hop"))
         checks.append(not_run(f"{name} ({where})"))
     return checks

@@ -15,9 +15,10 @@ WARMING_MARKER = ".relaunch-warming"
 CACHE_MARKER = ".relaunch-inductor-cache"
 
 # What torch's inductor writes at the top of its cache dir: code in two-character hash folders, the
-# FX-graph, AOT-autograd and triton caches, locks. Anything else is not ours to delete.
+# FX-graph, AOT-autograd and triton caches, locks; triton_home is where trainer_env puts Triton's own cache. Anything
+# else is not ours to delete.
 CACHE_ENTRY = re.compile(
-    r"^([a-z0-9]{2}|fxgraph|aotautograd|triton|locks|cache|kernel|autotune|aot_inductor|precompile|[a-z0-9_]*cache|\.relaunch-[a-z-]+)$"
+    r"^([a-z0-9]{2}|fxgraph|aotautograd|triton|triton_home|locks|cache|kernel|autotune|aot_inductor|precompile|[a-z0-9_]*cache|\.relaunch-[a-z-]+)$"
 )
 
 # Move the cache aside and put a fresh, marked folder in its place. Prints the aside path, its kind

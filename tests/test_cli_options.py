@@ -1,0 +1,81 @@
+"""The CLI a person expects: help on every option, choices as enums, completion on, and a question on a terminal
+before `stop` (never in a script)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import typer.main
+
+from relaunch.cli.app import Scenario, app
+from relaunch.demo.scenarios import SCENARIOS
+from relaunch.tasks.launch import launch
+from tests.faults import wait_for, write_target
+from tests.targets import shell_target, stop_all, tmux_alive
+
+RELAUNCH = str(Path(sys.executable).parent / "relaunch")
+
+
+def commands(group: click.Command, prefix: str = "relaunch") -> list[tuple[str, click.Command]]:
+    found = [(prefix, group)]
+    for name, sub in getattr(group, "commands", {}).items():
+        found += commands(sub, f"{prefix} {name}")
+    return found
+
+
+def test_every_option_of_every_command_says_what_it_does_and_completion_can_be_installed():
+    root = typer.main.get_command(app)
+    missing = [f"{name} {p.opts[0]}" for name, cmd in commands(root) for p in cmd.params if isinstance(p, click.Option) and not p.help]
+    assert not missing, f"options without help text: {missing}"
+    assert "--install-completion" in [o for p in root.params for o in p.opts]
+    assert [s.value for s in Scenario] == list(SCENARIOS)
+
+
+def on_a_terminal(argv: list[str], answer: bytes, env: dict[str, str]) -> tuple[int, str]:
+    """ARGV with a pseudo-terminal as its input and output, answering its question with ANSWER."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True)
+    os.close(follower)
+    seen = b""
+    asked = False
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+        if not asked and b"[y/N]" in seen:
+            os.write(leader, answer)
+            asked = True
+    os.close(leader)
+    return proc.wait(timeout=120), seen.decode(errors="replace")
+
+
+def test_stop_asks_on_a_terminal_and_a_no_leaves_the_trainer_running(tmp_path):
+    target = shell_target(tmp_path / "t", name="asked")
+    path = write_target(target, tmp_path / "target.yaml")
+    env = {**os.environ, "HOME": str(tmp_path)}
+    try:
+        launch.fn(target, 1)
+        wait_for(lambda: tmux_alive(target.tmux_session), 30, "the trainer's session")
+        code, said = on_a_terminal([RELAUNCH, "stop", str(path)], b"n\n", env)
+        assert code == 1 and "Stop asked" in said and "nothing done" in said, said
+        assert tmux_alive(target.tmux_session), "a no stops nothing"
+        code, said = on_a_terminal([RELAUNCH, "stop", str(path)], b"y\n", env)
+        assert code == 0 and not tmux_alive(target.tmux_session), said
+        # Not a terminal (a script, cron): no question, as before.
+        launch.fn(target, 2)
+        wait_for(lambda: tmux_alive(target.tmux_session), 30, "the trainer's session")
+        out = subprocess.run(
+            [RELAUNCH, "stop", "--json", str(path)], env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+        )
+        assert out.returncode == 0 and '"exit_code": 0' in out.stdout and not tmux_alive(target.tmux_session), out.stdout + out.stderr
+    finally:
+        stop_all(target)
