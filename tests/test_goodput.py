@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from relaunch.goodput import Category, Observation, StepSpan, Timeline, compute, table, text_table, trend_markdown
 from relaunch.steps import Step
@@ -171,6 +174,8 @@ def test_a_real_crash_and_recovery_is_counted_category_by_category_as_the_tests_
     import time
     from pathlib import Path
 
+    from prefect import tags
+
     from relaunch import runlayout
     from relaunch.flows.check import check_training
     from relaunch.tasks.launch import launch
@@ -195,7 +200,8 @@ def test_a_real_crash_and_recovery_is_counted_category_by_category_as_the_tests_
         wait_for_exit(target)
         time.sleep(1.5)  # a phase of its own: dead and not yet found, which goodput counts as detection
         checked = now()
-        report = finished(check_training, target=target, recover=True)
+        with tags("nightly"):  # as the nightly deployments' runs are: they publish the goodput artifacts
+            report = finished(check_training, target=target, recover=True)
         end = now()
     finally:
         stop_all(target)
@@ -209,12 +215,23 @@ def test_a_real_crash_and_recovery_is_counted_category_by_category_as_the_tests_
     assert abs(s[Category.STOP] - steps[Step.STOP]) < 0.5 and abs(s[Category.LAUNCH] - steps[Step.LAUNCH]) < 0.5, (s, steps)
     rebuild = sum(steps.get(step, 0.0) for step in (Step.BUILD_VENV, Step.REBUILD_VENV, Step.RESTORE_CODE))
     assert abs(s[Category.REBUILD] - rebuild) < 0.5, (s, steps)
-    assert 0.5 < s[Category.START_UP] < START_SECONDS + 1, "the new trainer sleeps START_SECONDS before its first step line"
+    # The new trainer sleeps START_SECONDS before its first step line; a poll dates that line by the log's last write
+    # when it first sees it, up to one poll round trip late (seconds, on a loaded 2-core machine).
+    assert START_SECONDS - 0.2 < s[Category.START_UP] < START_SECONDS + 4, s
     assert s[Category.PRODUCTIVE] > (saved - start).total_seconds() - 0.5 and s[Category.NOT_RUNNING] < 1.0, s
     assert abs(g.total.window_seconds - (end - start).total_seconds()) < 1e-6
 
+    # The nightly run's table artifact: the same detection (its verdicts come from the run's own report, so they are all
+    # there even before the server stores their events).
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["goodput-goodput"])), limit=1)
+    rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+    assert rows[-1]["night"] == "total" and rows[-1]["detection_minutes"] == pytest.approx(s[Category.DETECTION] / 60, abs=0.01), rows
+
     # The command as typed, against the same server: the same lost time (its window runs on to now).
-    import json
     import subprocess
 
     from prefect.settings import PREFECT_API_URL
