@@ -17,9 +17,10 @@ NAME_PREFIX = "relaunch-deadman-"
 MIN_WITHIN_SECONDS = 10.0
 
 
-def deadman_name(deployment: str) -> str:
-    """`relaunch-deadman-check-training-nightly-demo` for the deployment `check-training/nightly-demo`."""
-    return NAME_PREFIX + re.sub(r"[^a-z0-9]+", "-", deployment.lower()).strip("-")
+def deadman_name(deployment: str, target_name: str) -> str:
+    """`relaunch-deadman-check-training-nightly-demo-relaunch-demo` for the target `relaunch-demo` of the deployment
+    `check-training/nightly-demo` (a fleet's deployment has one per target)."""
+    return NAME_PREFIX + re.sub(r"[^a-z0-9]+", "-", f"{deployment} {target_name}".lower()).strip("-")
 
 
 def deadman_automation(
@@ -30,7 +31,7 @@ def deadman_automation(
     within = max(MIN_WITHIN_SECONDS, schedule_interval_seconds + slack_seconds)
     hours = within / 3600
     return {
-        "name": deadman_name(deployment),
+        "name": deadman_name(deployment, target_name),
         "description": f"No health check of {target_name} within {hours:.1f} h (the schedule of {deployment} plus a slack): the nightly check did not run.",
         "enabled": True,
         "trigger": {

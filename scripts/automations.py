@@ -247,21 +247,23 @@ async def schedule_interval_seconds(schedules: list[Any]) -> float | None:
 
 
 async def deadman_specs(client, settings: dict[str, Any]) -> list[dict[str, Any]]:
-    """One dead-man automation per deployment tagged `settings['tag']` that has a schedule and a target parameter."""
+    """One dead-man automation per target of each deployment tagged `settings['tag']` that has a schedule: its
+    `target` parameter (check-training) or each of its `targets` (check-fleet)."""
     from relaunch.deadman import deadman_automation
 
     specs = []
     for d in await _all_deployments(client):
-        target = (d.parameters or {}).get("target")
-        if settings["tag"] not in (d.tags or []) or not isinstance(target, dict) or not target.get("name"):
+        parameters = d.parameters or {}
+        targets = [parameters.get("target"), *(parameters.get("targets") or [])]
+        names = [t["name"] for t in targets if isinstance(t, dict) and t.get("name")]
+        if settings["tag"] not in (d.tags or []) or not names:
             continue
         interval = await schedule_interval_seconds(d.schedules or [])
         if interval is None:
             continue
         flow = await client.read_flow(d.flow_id)
-        specs.append(
-            deadman_automation(target["name"], f"{flow.name}/{d.name}", interval, float(settings["slack_seconds"]), settings["block"])
-        )
+        slack = float(settings["slack_seconds"])
+        specs += [deadman_automation(name, f"{flow.name}/{d.name}", interval, slack, settings["block"]) for name in names]
     return specs
 
 

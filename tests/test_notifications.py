@@ -415,29 +415,43 @@ def test_a_nightly_check_that_never_runs_is_told_by_its_dead_man_alarm_and_one_w
                 paused=True,
             )
             for name in ("quiet", "busy")
+        ] + [
+            # A fleet's nightly deployment: one alarm per target it checks.
+            await c.create_deployment(
+                await c.create_flow_from_name("check-fleet"),
+                "nightly-fleet",
+                tags=["nightly"],
+                parameters={"targets": [{"name": "fleet-a"}, {"name": "fleet-b"}]},
+                schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=3600))],
+                paused=True,
+            )
         ]
 
     deployments = server.api(deploy)
     spec = tmp_path / "automations.yaml"
     spec.write_text(yaml.safe_dump({"deadman": {"slack_seconds": 4}, "automations": []}))
     try:
+        synced = time.monotonic()  # no alarm exists before the sync makes it
         out = server.sync_automations("--file", str(spec), RELAUNCH_NOTIFY_URL="")
         for name in ("quiet", "busy"):
-            assert f"automation '{deadman_name(f'check-training/nightly-{name}')}' created, notifies through relaunch-notify" in out, out
-        created = time.monotonic()
+            assert (
+                f"automation '{deadman_name(f'check-training/nightly-{name}', name)}' created, notifies through relaunch-notify" in out
+            ), out
+        for name in ("fleet-a", "fleet-b"):
+            assert f"automation '{deadman_name('check-fleet/nightly-fleet', name)}' created" in out, out
 
         def post_verdict() -> None:
             server.api(lambda c: c.request("POST", "/events", json=[verdict_about("busy")]))
 
         # Verdicts about `busy` every 2 s; none about `quiet`, whose alarm is due 10 s after it was made.
         quiet = None
-        while quiet is None and time.monotonic() - created < 40:
+        while quiet is None and time.monotonic() - synced < 50:
             post_verdict()
             with receiver.changed:  # the beat's pace: 2 s, or at once when quiet's alarm arrives
                 receiver.changed.wait_for(lambda: any("of quiet" in m["subject"] for m in receiver.messages), 2)
             quiet = next((m for m in receiver.messages if "of quiet" in m["subject"]), None)
-        assert quiet is not None, f"no dead-man message for quiet within 40 s: {receiver.messages}"
-        assert time.monotonic() - created >= 9, "fired before its window of 10 s had passed"
+        assert quiet is not None, f"no dead-man message for quiet within 50 s of the sync: {receiver.messages}"
+        assert time.monotonic() - synced >= 10, "fired before its window of 10 s had passed"
         assert quiet["subject"] == "relaunch: no nightly check of quiet for 10 s", quiet
         assert "prefect deployment run 'check-training/nightly-quiet'" in quiet["body"], quiet["body"]
         # busy's window ended at the same evaluation: its alarm would have been sent with quiet's; one beat more to see.
@@ -449,4 +463,4 @@ def test_a_nightly_check_that_never_runs_is_told_by_its_dead_man_alarm_and_one_w
         for d in deployments:
             server.api(lambda c: c.delete_deployment(d))
         gone = server.sync_automations("--file", str(spec), RELAUNCH_NOTIFY_URL="")
-        assert f"automation '{deadman_name('check-training/nightly-quiet')}' deleted" in gone, gone
+        assert f"automation '{deadman_name('check-training/nightly-quiet', 'quiet')}' deleted" in gone, gone
