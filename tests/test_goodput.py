@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relaunch.goodput import Category, Observation, StepSpan, Timeline, compute, table, text_table, trend_markdown
+from relaunch.goodput import Category, Observation, StepSpan, Timeline, compute, report, table, text_table, trend_markdown
 from relaunch.steps import Step
 from relaunch.verdicts import Verdict
 
@@ -110,6 +110,14 @@ def test_an_escalated_crash_counts_waiting_for_a_person_until_the_window_ends_an
     assert lines[-1].split()[:3] == ["total", "16.4%", "59.0"], lines  # 59 productive minutes of 6 h
 
 
+def test_a_run_started_by_hand_from_no_known_checkpoint_and_first_seen_stepping_redid_nothing_relaunch_can_tell():
+    timeline = crashed_and_recovered()
+    # Run b as a person started it: no checkpoint on record, already stepping when a check first saw it.
+    timeline.observations[-1] = timeline.observations[-1].model_copy(update={"resumed_from_step": None, "first_step_seconds": None})
+    s = compute(timeline, at(0), at(6)).total.seconds
+    assert s[Category.WASTED] == 0 and s[Category.PRODUCTIVE] == minutes(90) + minutes(160) - 30, s
+
+
 def test_an_escalation_ends_at_the_next_launch_a_person_asked_for():
     timeline = crashed_and_recovered()
     timeline.escalations = [at(3) + timedelta(seconds=30)]
@@ -138,6 +146,7 @@ def test_a_target_with_nothing_recorded_is_not_running_all_window_and_the_trend_
     g = compute(Timeline(target="t"), at(0), at(24))
     assert g.total.seconds[Category.NOT_RUNNING] == 24 * 3600 and g.total.goodput_percent == 0
     assert "**0.0%** productive" in trend_markdown(g)
+    assert text_table(report(Timeline(target="t"), 7, at(0))).startswith("nothing recorded about t up to 2026-01-01 00:00 UTC")
 
 
 # ---- a real crash and recovery, against the test's own clock ---------------------------------------------------
