@@ -101,9 +101,24 @@ def test_recover_on_a_terminal_spins_through_its_steps_with_the_flow_runs_link_a
         with get_client(sync_client=True) as client:
             assert client.read_flow_run(links.pop()).name, "the link is the recovery's own flow run"
         assert "\x1b[?25l" in said and "\x1b[?25h" in said, "the spinner hides the cursor while it spins, and gives it back"
+        # Prefect's log lines go above the spinner: each starts a line (after the spinner's line is erased), none is glued to it.
+        glued = re.findall(r"(.{20})\d\d:\d\d:\d\d\.\d{3} \|", said)
+        assert glued and all(before.endswith(("\n", "\x1b[2K")) for before in glued), [
+            b for b in glued if not b.endswith(("\n", "\x1b[2K"))
+        ]
         # The same command piped (a script, cron): the output as before, not one spinner byte.
         out = subprocess.run([RELAUNCH, "recover", str(path)], env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
         assert out.returncode == 0, out.stdout + out.stderr
         assert b"verdict: " in out.stdout and not any(mark in out.stdout + out.stderr for mark in (b"\r", b"\x1b")), out.stderr
     finally:
         stop_all(target)
+
+
+def test_the_spinners_line_drops_the_flows_name_before_it_cuts_the_link_and_cuts_only_what_is_left():
+    from relaunch.cli.spinner import line
+
+    link = "http://127.0.0.1:4200/runs/flow-run/de7241bc-ba5a-4c3c-88f3-ca14150d7117"
+    assert line("recover-training", None, None, 80) == "recover-training   starting"
+    assert line("recover-training", "stop@gpu1", link, 200) == f"recover-training   stop@gpu1   {link}"
+    assert line("recover-training", "stop@gpu1", link, 90) == f"stop@gpu1   {link}"
+    assert line("recover-training", "stop@gpu1", link, 40) == f"stop@gpu1   {link}"[:39] + "…"

@@ -37,9 +37,14 @@ def stream_handlers(fds: tuple[int, ...]) -> list[tuple[logging.StreamHandler[An
     return found
 
 
-def line(flow_name: str, step: str | None, link: str | None) -> str:
-    """What the spinner says: the flow, the step in progress, the flow run's link once known."""
-    return "   ".join(part for part in (flow_name, step or "starting", link) if part)
+def line(flow_name: str, step: str | None, link: str | None, width: int) -> str:
+    """What the spinner says in WIDTH columns: the flow, the step in progress, the flow run's link once known.
+    Narrow, the flow's name goes first, so the link stays whole (a cut link is no link); then the end is cut."""
+    for parts in ((flow_name, step or "starting", link), (step or flow_name, link)):
+        said = "   ".join(part for part in parts if part)
+        if len(said) <= width:
+            return said
+    return said[: max(width - 1, 0)] + "…"
 
 
 def link_for(flow_run_id: UUID) -> str | None:
@@ -62,11 +67,17 @@ def spinning(flow_name: str, as_json: bool) -> Iterator[None]:
 
     from relaunch.tasks.common import STEP_WATCHERS
 
-    console = Console(file=sys.stderr)
+    terminal = stream_handlers((1, 2))
+    # Prefect's console handler prints through its own rich Console: the spinner shares it, so that rich puts each
+    # log line above the spinner. (A FileProxy would not do: a rich Console unwraps one, `rich_proxied_file`.)
+    consoles = [c for h, fd in terminal if fd == 2 and isinstance(c := getattr(h, "console", None), Console)]
+    console = consoles[0] if consoles else Console(file=sys.stderr)
+    others = [(h, h.stream) for h, _ in terminal if getattr(h, "console", None) is not console]
     shown: dict[str, str | None] = {"step": None, "link": None}
 
     def render() -> Text:
-        return Text(line(flow_name, shown["step"], shown["link"]), no_wrap=True, overflow="ellipsis")
+        # Two columns go to the spinner's frame and its space.
+        return Text(line(flow_name, shown["step"], shown["link"], console.width - 2))
 
     status = Status(render(), console=console)
 
@@ -77,25 +88,17 @@ def spinning(flow_name: str, as_json: bool) -> Iterator[None]:
         shown["step"] = step
         status.update(render())
 
-    terminal = [(handler, getattr(handler, "console", None), handler.stream) for handler, _ in stream_handlers((1, 2))]
     STEP_WATCHERS.append(watch)
     try:
         with status:
-            proxies = []
-            for handler, rich_console, stream in terminal:
-                proxy = FileProxy(console, stream)
-                proxies.append(proxy)
+            proxies = [FileProxy(console, stream) for _, stream in others]
+            for (handler, _), proxy in zip(others, proxies):
                 handler.setStream(proxy)  # type: ignore[arg-type]
-                if rich_console is not None:  # Prefect's console handler prints through its own rich Console
-                    rich_console.file = proxy
             try:
                 yield
             finally:
-                for proxy in proxies:
+                for (handler, stream), proxy in zip(others, proxies):
                     proxy.flush()
-                for handler, rich_console, stream in terminal:
                     handler.setStream(stream)
-                    if rich_console is not None:
-                        rich_console.file = stream
     finally:
         STEP_WATCHERS.remove(watch)
