@@ -16,6 +16,7 @@ from relaunch.hardware import disk_full_evidence, full_disk_evidence, gpu_fault_
 from relaunch.snapshot import HealthSnapshot
 from relaunch.torchrun import RankFailure, collective_timeouts, rendezvous_gap, root_cause, worker_group_failures
 from relaunch.verdicts import (
+    CACHE_DAMAGE_WARNING,
     DATALOADER_WORKER_DIED,
     DEFAULT_LOSS,
     EXCEPTION_LINE,
@@ -442,6 +443,12 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
         )
     if code is not None and code - 128 in NATIVE_SIGNALS:
         name = SIGNAL_NAMES[code - 128]
+        damaged = [line.strip() for line in [*snap.log_matches, *snap.log_tail] if CACHE_DAMAGE_WARNING.search(line)][:1]
+        if damaged and not metrics.steps_seen:
+            # Inductor found its cache damaged, then the process died of its own signal before a step: loading that cache.
+            evidence = [*damaged, f"{exit_text} ({name}) before the first step, after the compile cache was found damaged"]
+            summary = f"died of {name} loading a damaged compile cache"
+            return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.CORRUPT_CACHE, summary=summary, evidence=evidence, metrics=metrics)
         evidence = [*_last_lines(snap, 2), *_shm_note(snap), f"{exit_text} ({name}, raised by the trainer's own native code)"]
         return Diagnosis(verdict=Verdict.CRASHED, cause=Cause.NATIVE_CRASH, summary=f"died of {name}", evidence=evidence, metrics=metrics)
     if code is not None and code > 128:
@@ -522,8 +529,16 @@ def _shm_note(snap: HealthSnapshot) -> list[str]:
 def classify_failure(lines: list[str]) -> tuple[Cause, str | None, list[str]] | None:
     """The first failure in time: (cause, package to install, decisive lines), or None."""
     fallback: tuple[Cause, str | None, list[str]] | None = None
+    unraisable = False
     for index, line in enumerate(lines):
         stripped = line.rstrip()
+        if stripped.startswith("Exception ignored in"):
+            # Python's report of an exception it could not raise (a __del__'s, gpu/cache_fxgraph_half.log): never fatal.
+            unraisable = True
+            continue
+        if unraisable:
+            unraisable = not EXCEPTION_LINE.match(stripped)
+            continue
         if _is_warning(stripped) or _is_source_line(stripped):
             continue
         for cause, pattern in SIGNATURES:
@@ -532,7 +547,9 @@ def classify_failure(lines: list[str]) -> tuple[Cause, str | None, list[str]] | 
                 if package:
                     return cause, package, [stripped]
             elif pattern.search(stripped):
-                return _refined(cause, lines, index), None, _with_exception_line(lines, index)
+                narrower, because = _refined(cause, lines, index)
+                decisive = _with_exception_line(lines, index)
+                return narrower, None, decisive + ([because.strip()] if because and because.strip() not in decisive else [])
         if EXCEPTION_LINE.match(stripped):
             if not WRAPPER_EXCEPTIONS.search(stripped):
                 return Cause.ERROR, None, [stripped]
@@ -585,18 +602,23 @@ def _closing_line(lines: list[str], index: int) -> int | None:
     return next((i for i in range(index, min(len(lines), index + 300)) if EXCEPTION_LINE.match(lines[i].rstrip())), None)
 
 
-def _refined(cause: Cause, lines: list[str], index: int) -> Cause:
-    """The narrower cause the traceback's own message names (REFINEMENTS): a frame in torch.load that ends in
-    `Weights only load failed`, a BackendCompilerFailed that chains a cached module's import failure."""
+def _refined(cause: Cause, lines: list[str], index: int) -> tuple[Cause, str | None]:
+    """The narrower cause the traceback's own message names (REFINEMENTS), and the line that names it: a frame in
+    torch.load that ends in `Weights only load failed`, a BackendCompilerFailed that chains a cached module's import failure."""
     closing = _closing_line(lines, index)
-    # The message: from the matching line to the closing line and the chained lines after it, up to a blank line.
-    end = index + 1 if closing is None else closing + 1
-    while end < len(lines) and end <= (closing or index) + 4 and lines[end].strip():
+    # The message: from the matching line to the closing line and the chained lines after it, up to a blank line; with no
+    # closing line (faulthandler's dump), what follows within the scan's reach.
+    end = index + 300 if closing is None else closing + 1
+    while closing is not None and end < len(lines) and end <= closing + 4 and lines[end].strip():
         end += 1
     # The innermost frame above the matching line: where the failure was raised (a traceback's last `File` line).
     frame = next((lines[i] for i in range(index - 1, max(-1, index - 40), -1) if lines[i].lstrip().startswith('File "')), None)
     message = [*([frame] if frame else []), *lines[index:end]]
-    return next((narrower for narrower, pattern in REFINEMENTS.get(cause, []) if any(pattern.search(line) for line in message)), cause)
+    for narrower, pattern in REFINEMENTS.get(cause, []):
+        found = next((line for line in message if pattern.search(line)), None)
+        if found is not None:
+            return narrower, found
+    return cause, None
 
 
 def _kernel_oom_lines(snap: HealthSnapshot, also: set[int] | None = None) -> list[str]:

@@ -82,6 +82,18 @@ CACHED_MODULE = re.compile(
     r"File \"[^\"]*/[a-z0-9]{2}/c[a-z0-9]{50,52}\.py\", line \d+, in <module>|Failed to import \S*/[a-z0-9]{2}/c[a-z0-9]{50,52}\.py\b"
 )
 
+# Triton's compiled artefacts in the cache, failing as they load (GPU captures, H200, torch 2.11, Triton 3.6): a kernel image
+# overwritten, refused by the driver while inductor loads the cached graph (gpu/cache_cubin_garbage.log); the compiled launcher
+# module cut short, a SIGBUS in Triton's module loader, readable only with PYTHONFAULTHANDLER=1 (gpu/cache_so_half_faulthandler.log).
+CACHED_KERNEL = re.compile(
+    r"CUDA driver error: device kernel image is invalid|triton/runtime/build\.py\", line \d+,? in _load_module_from_path"
+)
+
+# Inductor's own word that a cache entry is damaged (`fx graph cache unable to load compiled graph`, a glog W line, then
+# torch recompiles). Alone it is healthy (cpu/compile_cache_entries_truncated.log, gpu/cache_fxgraph_half.log); followed by a
+# SIGBUS or SIGSEGV before the first step it names what the process died loading (gpu/cache_prefix_all.log).
+CACHE_DAMAGE_WARNING = re.compile(r"fx graph cache unable to load compiled graph")
+
 # An intact checkpoint that this torch or this code refuses: torch >= 2.6's weights_only unpickler meeting a pickled object
 # (cpu/checkpoint_weights_only.log), load_state_dict after a code change (cpu/checkpoint_state_dict_mismatch.log).
 INCOMPATIBLE_CHECKPOINT = re.compile(
@@ -160,10 +172,13 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
 # A matched line's cause narrowed by the traceback's own message (the matching line to the closing exception line and the
 # lines it chains): a frame in torch.load whose error is the weights_only unpickler's refusal is an intact checkpoint
 # (cpu/checkpoint_weights_only.log); a BackendCompilerFailed that chains `Failed to import` a cached module is a damaged
-# cache, not a compiler to fix (cpu/compile_cache_module_truncated.log). The traceback's innermost frame counts as message.
+# cache, not a compiler to fix (cpu/compile_cache_module_truncated.log). The traceback's innermost frame counts as message,
+# and a dump with no exception line (faulthandler's, after `Fatal Python error:`) counts whole.
 REFINEMENTS: dict[Cause, list[tuple[Cause, re.Pattern[str]]]] = {
     Cause.BROKEN_CHECKPOINT: [(Cause.CHECKPOINT_INCOMPATIBLE, INCOMPATIBLE_CHECKPOINT)],
-    Cause.COMPILE_ERROR: [(Cause.CORRUPT_CACHE, CACHED_MODULE)],
+    Cause.COMPILE_ERROR: [(Cause.CORRUPT_CACHE, CACHED_MODULE), (Cause.CORRUPT_CACHE, CACHED_KERNEL)],
+    # faulthandler's dump of a native crash: the thread that crashed was loading Triton's cached module.
+    Cause.NATIVE_CRASH: [(Cause.CORRUPT_CACHE, CACHED_KERNEL)],
 }
 
 # A traceback's closing line: `module.Error: message` at column 0.

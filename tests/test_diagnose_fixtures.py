@@ -184,6 +184,18 @@ CASES = [
     ("cpu/compile_cache_entries_truncated.log", ["--exit-code", "137"], "crashed", "killed", None, "SIGKILL"),
     ("cpu/compile_cache_module_cut_short.log", ["--exit-code", "1"], "crashed", "corrupt_cache", None, "No module named 'r'"),
     ("demo/corrupt_cache_cpu.log", ["--exit-code", "134"], "crashed", "corrupt_cache", None, "Failed to import"),
+    # Triton's cache damaged on the H200 (tests/fixtures/logs/gpu/PROVENANCE.md, bench/gpu_capture/capture_cache.sh).
+    ("gpu/cache_cubin_garbage.log", ["--exit-code", "1"], "crashed", "corrupt_cache", None, "device kernel image is invalid"),
+    ("gpu/cache_cubin_garbage_rerun.log", ["--exit-code", "1"], "crashed", "corrupt_cache", None, "device kernel image is invalid"),
+    ("gpu/cache_so_half_faulthandler.log", ["--exit-code", "135"], "crashed", "corrupt_cache", None, "in _load_module_from_path"),
+    ("gpu/cache_prefix_all.log", ["--exit-code", "135"], "crashed", "corrupt_cache", None, "fx graph cache unable to load"),
+    # A SIGBUS or SIGSEGV that leaves no text names nothing: a native crash (PYTHONFAULTHANDLER=1 makes it readable).
+    ("gpu/cache_so_half.log", ["--exit-code", "135"], "crashed", "native_crash", None, "SIGBUS"),
+    ("gpu/cache_cubin_half.log", ["--exit-code", "139"], "crashed", "native_crash", None, "SIGSEGV"),
+    ("gpu/cache_fxgraph_half.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step="),
+    ("gpu/cache_aotautograd_half.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step="),
+    # Its unraisable __del__ AttributeError is no failure: a later kill reads as the kill.
+    ("gpu/cache_fxgraph_half.log", ["--exit-code", "137"], "crashed", "killed", None, "SIGKILL"),
     ("cpu/compile_cache_truncated.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step=1299"),
     # Kernels overwritten with garbage: torch rebuilt them and the rebuild failed; a compile error, whose remedy clears the cache.
     ("cpu/compile_cache_so_overwritten.log", ["--exit-code", "1"], "crashed", "compile_error", None, "CppCompileError"),
