@@ -114,11 +114,37 @@ def test_recover_on_a_terminal_spins_through_its_steps_with_the_flow_runs_link_a
         stop_all(target)
 
 
-def test_the_spinners_line_drops_the_flows_name_before_it_cuts_the_link_and_cuts_only_what_is_left():
-    from relaunch.cli.spinner import line
+def test_the_spinner_writes_only_when_stdout_is_a_terminal_too_and_when_narrow_drops_the_flows_name_not_the_link(monkeypatch):
+    import select
+    from uuid import UUID
 
-    link = "http://127.0.0.1:4200/runs/flow-run/de7241bc-ba5a-4c3c-88f3-ca14150d7117"
-    assert line("recover-training", None, None, 80) == "recover-training   starting"
-    assert line("recover-training", "stop@gpu1", link, 200) == f"recover-training   stop@gpu1   {link}"
-    assert line("recover-training", "stop@gpu1", link, 90) == f"stop@gpu1   {link}"
-    assert line("recover-training", "stop@gpu1", link, 40) == f"stop@gpu1   {link}"[:39] + "…"
+    from prefect.settings import PREFECT_UI_URL, temporary_settings
+
+    from relaunch.cli import spinner
+    from relaunch.tasks.common import STEP_WATCHERS
+
+    leader, follower = pty.openpty()
+    run = UUID("de7241bc-ba5a-4c3c-88f3-ca14150d7117")
+    link = f"http://ui.example:4200/runs/flow-run/{run}"
+    monkeypatch.setattr(spinner, "stream_handlers", lambda fds: [])  # this process's log handlers write to pytest's capture
+    monkeypatch.setenv("COLUMNS", str(len(f"stop@gpu1   {link}") + 2))
+
+    def shown(stdout_on_terminal: bool) -> bytes:
+        monkeypatch.setattr(sys, "stderr", open(follower, "w", closefd=False))
+        monkeypatch.setattr(sys, "stdout", open(follower if stdout_on_terminal else os.devnull, "w", closefd=not stdout_on_terminal))
+        with temporary_settings({PREFECT_UI_URL: "http://ui.example:4200"}), spinner.spinning("recover-training", as_json=False):
+            for watch in STEP_WATCHERS:
+                watch("stop@gpu1", run)
+        sys.stderr.flush()
+        seen = b""
+        while select.select([leader], [], [], 0)[0]:
+            seen += os.read(leader, 65536)
+        return seen
+
+    on_terminal = shown(stdout_on_terminal=True)
+    assert f"stop@gpu1   {link}".encode() in on_terminal and b"recover-training   stop" not in on_terminal, on_terminal
+    assert shown(stdout_on_terminal=False) == b"", (
+        "stdout piped (`relaunch recover t.yaml | tee`): no spinner, even with stderr on the terminal"
+    )
+    os.close(leader)
+    os.close(follower)
