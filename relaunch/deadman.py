@@ -4,7 +4,8 @@ Every health check announces `relaunch.verdict.<verdict>` about its target (flow
 check that never ran (its worker dead, the server down, the schedule paused by mistake) announces nothing, and
 nothing else would say so: this automation is Proactive, so the server fires it when fewer than one such event
 came within the deployment's schedule interval plus a slack. Pure: the automation as automations.yaml writes one
-(`block: NAME` for its notification block); scripts/automations.py puts it on the server.
+(`block: NAME` for its notification block); relaunch/cli/automations.py (`make serve`, `relaunch deploy`) puts it on
+the server, and `relaunch undeploy` takes it away.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import yaml
 
 from relaunch.cli.status import parse_report, render, row
 from relaunch.config import Target
+from relaunch.deadman import deadman_name
 from relaunch.verdicts import Verdict
 from tests.faults import wait_for
 from tests.installed import clean_env, installed_venv
@@ -84,8 +85,14 @@ def test_a_deployed_target_is_recovered_by_its_deployment_on_a_worker_with_only_
             "Completed",
             "0 3 * * * UTC",
         )
+        alarm = deadman_name(f"check-training/nightly-{name}", name)
+        with get_client(sync_client=True) as c:
+            assert [a.name for a in c.read_automations_by_name(alarm)] == [alarm], "deploy made the nightly check's dead-man alarm"
         undeployed = cli("relaunch", "undeploy", name)
         assert undeployed.returncode == 0 and "deleted" in undeployed.stdout, undeployed.stdout + undeployed.stderr
+        assert f"automation {alarm} deleted" in undeployed.stdout, undeployed.stdout
+        with get_client(sync_client=True) as c:
+            assert not [a for a in c.read_automations_by_name(alarm) if a.name == alarm], "no alarm left for a check that is gone"
     finally:
         os.killpg(worker.pid, signal.SIGINT)  # the session this test started for the worker
         try:

@@ -281,6 +281,11 @@ async def remove_stale_deadmen(client, keep: set[str]) -> list[str]:
     return [a.name for a in stale]
 
 
+async def prune_deadmen(client, spec_path: Path) -> list[str]:
+    """Delete the dead-man alarms no scheduled nightly deployment on the server needs any more (`relaunch undeploy`)."""
+    return await remove_stale_deadmen(client, {a["name"] for a in await deadman_specs(client, load_deadman(spec_path))})
+
+
 async def sync(spec_path: Path, record: Path, say) -> None:
     from prefect.client.orchestration import get_client
 

@@ -189,7 +189,9 @@ async def _schedule_active(check_name: str) -> bool:
 
 def undeploy(name: str, say: Callable[[str], None]) -> list[str]:
     """Delete the target's two deployments (their scheduled runs go with them); the host's limit goes when no other
-    relaunch deployment names that host. Runs already going finish; automations stay (they serve every target)."""
+    relaunch deployment names that host, and the nightly check's dead-man alarm with it (else it would tell a person,
+    every day, that a check nobody wants did not run). Runs already going finish; the other automations stay (they
+    serve every target)."""
     require_api()
     return asyncio.run(_undeploy(name, say))
 
@@ -197,6 +199,8 @@ def undeploy(name: str, say: Callable[[str], None]) -> list[str]:
 async def _undeploy(name: str, say: Callable[[str], None]) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
+
+    from relaunch.cli.automations import AUTOMATIONS_FILE, prune_deadmen
 
     removed: list[str] = []
     hosts: set[str] = set()
@@ -213,6 +217,8 @@ async def _undeploy(name: str, say: Callable[[str], None]) -> list[str]:
             say(f"deployment {full} deleted")
         if not removed:
             raise RelaunchError(f"no deployment of target {name!r} on this server (looked for {', '.join(deployment_names(name))})")
+        for alarm in await prune_deadmen(client, AUTOMATIONS_FILE):
+            say(f"automation {alarm} deleted: the dead-man alarm of a nightly check that is gone")
         still_used = {limit for d in await client.read_deployments() for limit in _host_limit_of(d.parameters)}
         for limit in sorted(hosts - still_used):
             try:
