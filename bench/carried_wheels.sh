@@ -28,3 +28,12 @@ install_carried_wheels() {
   echo "wheels installed in $(( $(date +%s) - t0 )) s; uv=$(command -v uv) ($(uv --version)) git=$(command -v git) py-spy=$(command -v py-spy)" \
     | tee -a "$logs/env.txt"
 }
+
+# installed_layout SRC DEST: the package as pip installs it (pyproject's package-dir: flows/, tasks/ and demo/ as
+# relaunch.flows, relaunch.tasks, relaunch.demo), as a tree of links under DEST, for PYTHONPATH: the GPU machines have
+# no registry to build the wheel with, and a plain checkout on PYTHONPATH has no relaunch.flows.
+installed_layout() {
+  local src=$1 dest=$2 sub
+  rm -rf "$dest" && mkdir -p "$dest" && cp -rs "$src/relaunch" "$dest/relaunch" || return 1
+  for sub in flows tasks demo; do ln -s "$src/$sub" "$dest/relaunch/$sub" || return 1; done
+}

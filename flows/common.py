@@ -32,10 +32,11 @@ def attempt_from(number: int, health: HealthResult, action: Action, why: str) ->
 
 
 def publish_goodput(report: Report, days: float = 7.0) -> Goodput | None:
-    """The target's goodput table (per night and in total) and its markdown trend, as artifacts of the flow run.
-
-    The check's own verdicts are counted from its report: their events may not be stored yet."""
-    if FlowRunContext.get() is None:
+    """On a nightly run (tagged `nightly`, as the nightly deployments' runs are): the target's goodput table (per night
+    and in total) and its markdown trend, as artifacts of the flow run. The check's own verdicts are counted from its
+    report: their events may not be stored yet."""
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None or "nightly" not in ctx.flow_run.tags:
         return None
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 

@@ -23,9 +23,9 @@ from pydantic import Field
 
 from relaunch.config import Target
 from relaunch.flows.check import merge_recovery
-from relaunch.flows.common import attempt_from
+from relaunch.flows.common import attempt_from, publish_goodput
 from relaunch.flows.outcome import emit, report_of, result_of
-from relaunch.flows.recover import host_limit_name, recover_training
+from relaunch.flows.recover import announce_verdict, host_limit_name, recover_training
 from relaunch.incidents import Incident, Sick, incidents
 from relaunch.playbook import remedy
 from relaunch.report import FleetReport, FleetRow, Report
@@ -90,6 +90,8 @@ def check_fleet(
     fleet.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
     log().info("%s", fleet.summary())
     _publish(fleet)
+    for report in fleet.reports:
+        publish_goodput(report)
     if all(r.verdict is not None and r.verdict.is_fine() for r in fleet.rows):
         return fleet
     sick = [
@@ -201,9 +203,9 @@ def _check_all(targets: list[Target], max_concurrent: int, settle_timeout_second
     out: list[HealthResult | BaseException] = []
     with ThreadPoolTaskRunner(max_workers=min(max_concurrent, len(targets))) as runner:
         futures = [runner.submit(check_health, {"target": t, "timeout_seconds": settle_timeout_seconds}) for t in targets]
-        for future in futures:
+        for target, future in zip(targets, futures):
             try:
-                out.append(future.result())
+                out.append(announce_verdict(target, future.result(), 1))
             except Exception as exc:  # noqa: BLE001 - an unreachable host is a row, not the end of the fleet check
                 out.append(exc)
     return out

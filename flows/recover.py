@@ -115,7 +115,12 @@ def announce(target: Target, report: Report) -> None:
 
 def checked(target: Target, attempt: int) -> HealthResult:
     """A health check, announced as `relaunch.verdict.<verdict>`."""
-    health = check_health(target)
+    return announce_verdict(target, check_health(target), attempt)
+
+
+def announce_verdict(target: Target, health: HealthResult, attempt: int) -> HealthResult:
+    """`relaunch.verdict.<verdict>` about the target, with what the check saw of its step lines (goodput reads it, the
+    dead-man alarm waits for it); the same observation, at the same time, goes into the health result for the report."""
     d = health.diagnosis
     # One time for the event and the report: a report read back before the event is stored is not counted twice.
     health.observation = observe(d, health.snapshot, health.progress, datetime.now(UTC))

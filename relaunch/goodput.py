@@ -21,8 +21,10 @@ from relaunch.snapshot import HealthSnapshot
 from relaunch.steps import Step
 from relaunch.verdicts import Verdict
 
-# A trainer's recorded start (the host's clock) may fall this long after its launch step began, and be the same launch.
+# A trainer's recorded start (the host's clock) may fall this long after its launch step began and be the same launch;
+# and the launch step may spend this long (listing checkpoints, over a slow link) before it starts the trainer.
 LAUNCH_SLACK = timedelta(seconds=5)
+LAUNCH_LEAD = timedelta(minutes=10)
 
 
 class Category(str, Enum):
@@ -175,7 +177,6 @@ class _Run(BaseModel):
     observations: list[Observation]
     first_step_at: datetime | None = None
     last_step_at: datetime | None = None
-    stepping_end: datetime | None = None
     start_step: int = 0
     last_step: int | None = None
     seconds_per_step: float | None = None
@@ -268,11 +269,16 @@ def _claims(timeline: Timeline, end: datetime) -> dict[Category, list[tuple[date
         begin = run.first_step_at or run.launched_at
         if run.first_step_at is not None:
             # From the launch step's start: the step's own time is the launch's by priority, the rest start-up.
-            launch = [s.started_at for s in launches if s.started_at <= run.launched_at + LAUNCH_SLACK]
+            launch = [s.started_at for s in launches if run.launched_at - LAUNCH_LEAD <= s.started_at <= run.launched_at + LAUNCH_SLACK]
             claims[Category.START_UP].append((max(launch, default=run.launched_at), run.first_step_at))
         claims[Category.PRODUCTIVE].append((begin, stepping_end))
-        if later is not None and run.last_step is not None and run.seconds_per_step:
-            kept = max(later.resumed_from_step or 0, run.start_step)
+        # The next run's start says which steps were kept: its checkpoint's, or the one before its first step line. A run
+        # started by hand from who knows where (neither known) redid nothing relaunch can tell.
+        resumed = later.resumed_from_step if later is not None else None
+        if later is not None and resumed is None and later.first_step_at is not None:
+            resumed = later.start_step
+        if resumed is not None and run.last_step is not None and run.seconds_per_step:
+            kept = max(resumed, run.start_step)
             redone = max(0, run.last_step - kept) * run.seconds_per_step
             claims[Category.WASTED].append((max(begin, stepping_end - timedelta(seconds=redone)), stepping_end))
         sick = next((o for o in run.observations if o.at >= stepping_end and not o.verdict.is_fine()), None)
@@ -363,6 +369,11 @@ def trend_markdown(goodput: Goodput) -> str:
 
 def text_table(goodput: Goodput) -> str:
     """`relaunch goodput`'s table: one line per night and the total, minutes of every category any night has."""
+    if not goodput.segments:
+        return (
+            f"nothing recorded about {goodput.target} up to {goodput.window_end:%Y-%m-%d %H:%M} UTC: no health check of it "
+            "reported a verdict to this Prefect API (is PREFECT_API_URL the server its checks ran on, and the name the target's?)"
+        )
     nights = [*goodput.nights, goodput.total]
     shown = [c for c in Category if goodput.total.seconds.get(c, 0.0) > 0] or [Category.NOT_RUNNING]
     head = f"{'night':<10} {'goodput':>8} " + " ".join(f"{c.value:>{max(9, len(c.value))}}" for c in shown)

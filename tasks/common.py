@@ -10,7 +10,7 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.context import TaskRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 
 from relaunch.commands import Command, Result
 from relaunch.config import Target
@@ -29,11 +29,34 @@ def retry_transient_only(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+# Told of each step as its run begins, with the step run's name and its flow run's id, in the thread that runs it:
+# how the CLI's spinner (relaunch/cli/spinner.py) learns the step in progress without asking the API. Process-local.
+StepWatcher = Callable[[str, UUID | None], None]
+STEP_WATCHERS: list[StepWatcher] = []
+
+
+def _run_name(name: str) -> Callable[..., str]:
+    """`step@host`, computed by Prefect once as the step's run begins: the moment the watchers are told."""
+
+    # Prefect passes the step's arguments to a callable with a `parameters` argument (prefect.tasks.TaskRunNameCallbackWithParameters).
+    def named(parameters: dict[str, Any]) -> str:
+        run_name = f"{name}@{parameters['target'].host.hostname}"
+        flow_run = FlowRunContext.get()
+        for watch in list(STEP_WATCHERS):
+            try:
+                watch(run_name, flow_run.flow_run.id if flow_run and flow_run.flow_run else None)
+            except Exception as exc:  # noqa: BLE001 - a display must never fail a recovery step
+                log().debug("step watcher %r failed: %s", watch, exc)
+        return run_name
+
+    return named
+
+
 def step_task(name: str, retries: int = 2) -> Callable[[F], F]:
     """A recovery step: named `step@host` in the UI, retried with backoff on transport faults only."""
     return task(  # type: ignore[return-value]
         name=name,
-        task_run_name=f"{name}@{{target.host.hostname}}",
+        task_run_name=_run_name(name),
         retries=retries,
         retry_delay_seconds=[2, 10, 30],
         retry_condition_fn=retry_transient_only,

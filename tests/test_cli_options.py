@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import typer.main
 from relaunch.cli.app import Scenario, app
 from relaunch.demo.scenarios import SCENARIOS
 from relaunch.tasks.launch import launch
-from tests.faults import wait_for, write_target
+from tests.faults import cli_env, wait_for, write_target
 from tests.targets import shell_target, stop_all, tmux_alive
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
@@ -36,8 +37,8 @@ def test_every_option_of_every_command_says_what_it_does_and_completion_can_be_i
     assert [s.value for s in Scenario] == list(SCENARIOS)
 
 
-def on_a_terminal(argv: list[str], answer: bytes, env: dict[str, str]) -> tuple[int, str]:
-    """ARGV with a pseudo-terminal as its input and output, answering its question with ANSWER."""
+def on_a_terminal(argv: list[str], answer: bytes | None, env: dict[str, str]) -> tuple[int, str]:
+    """ARGV with a pseudo-terminal as its input and output, answering its question with ANSWER (if one is given)."""
     leader, follower = pty.openpty()
     proc = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True)
     os.close(follower)
@@ -51,7 +52,7 @@ def on_a_terminal(argv: list[str], answer: bytes, env: dict[str, str]) -> tuple[
         if not chunk:
             break
         seen += chunk
-        if not asked and b"[y/N]" in seen:
+        if answer is not None and not asked and b"[y/N]" in seen:
             os.write(leader, answer)
             asked = True
     os.close(leader)
@@ -79,3 +80,45 @@ def test_stop_asks_on_a_terminal_and_a_no_leaves_the_trainer_running(tmp_path):
         assert out.returncode == 0 and '"exit_code": 0' in out.stdout and not tmux_alive(target.tmux_session), out.stdout + out.stderr
     finally:
         stop_all(target)
+
+
+def test_recover_on_a_terminal_spins_through_its_steps_with_the_flow_runs_link_and_piped_prints_no_spinner(tmp_path, prefect_harness):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    target = shell_target(tmp_path / "t", name="spun")
+    path = write_target(target, tmp_path / "target.yaml")
+    # Wide enough that the spinner's one line holds the step and the whole link.
+    env = cli_env(tmp_path / "home", PREFECT_API_URL.value(), COLUMNS="300")
+    try:
+        code, said = on_a_terminal([RELAUNCH, "recover", str(path)], None, env)
+        assert code == 0, said
+        for step in ("preflight", "stop_leftovers", "rebuild_venv", "launch", "check_health"):
+            assert f"{step}@localhost" in said, f"no {step} on the spinner: {said!r}"
+        ui = PREFECT_API_URL.value().removesuffix("/api")
+        links = set(re.findall(re.escape(ui) + r"/runs/flow-run/([0-9a-f-]{36})", said))
+        assert len(links) == 1, said
+        with get_client(sync_client=True) as client:
+            assert client.read_flow_run(links.pop()).name, "the link is the recovery's own flow run"
+        assert "\x1b[?25l" in said and "\x1b[?25h" in said, "the spinner hides the cursor while it spins, and gives it back"
+        # Prefect's log lines go above the spinner: each starts a line (after the spinner's line is erased), none is glued to it.
+        glued = re.findall(r"(.{20})\d\d:\d\d:\d\d\.\d{3} \|", said)
+        assert glued and all(before.endswith(("\n", "\x1b[2K")) for before in glued), [
+            b for b in glued if not b.endswith(("\n", "\x1b[2K"))
+        ]
+        # The same command piped (a script, cron): the output as before, not one spinner byte.
+        out = subprocess.run([RELAUNCH, "recover", str(path)], env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert b"verdict: " in out.stdout and not any(mark in out.stdout + out.stderr for mark in (b"\r", b"\x1b")), out.stderr
+    finally:
+        stop_all(target)
+
+
+def test_the_spinners_line_drops_the_flows_name_before_it_cuts_the_link_and_cuts_only_what_is_left():
+    from relaunch.cli.spinner import line
+
+    link = "http://127.0.0.1:4200/runs/flow-run/de7241bc-ba5a-4c3c-88f3-ca14150d7117"
+    assert line("recover-training", None, None, 80) == "recover-training   starting"
+    assert line("recover-training", "stop@gpu1", link, 200) == f"recover-training   stop@gpu1   {link}"
+    assert line("recover-training", "stop@gpu1", link, 90) == f"stop@gpu1   {link}"
+    assert line("recover-training", "stop@gpu1", link, 40) == f"stop@gpu1   {link}"[:39] + "…"

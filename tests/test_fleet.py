@@ -58,6 +58,8 @@ def test_a_fleet_check_recovers_only_the_crashed_target_and_leaves_the_healthy_o
     report = next(r for r in fleet.reports if r.target == "sick")
     assert report.attempts[0].verdict is Verdict.CRASHED and report.attempts[-1].verdict is Verdict.HEALTHY
     assert any(s.step == "launch" for a in report.attempts for s in a.steps)
+    # Each check announced its verdict, as check-training's do: goodput and the dead-man alarm read those.
+    assert all(r.attempts[0].observation is not None for r in fleet.reports), [r.attempts[0] for r in fleet.reports]
     (artifact,) = fleet_artifact(state.state_details.flow_run_id)
     assert artifact.type == "table" and "sick" in str(artifact.data) and "1 recovered" in artifact.description
 

@@ -92,6 +92,9 @@ class Server:
             "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "true",
             "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "true",
             "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem",
+            # Proactive automations (the dead-man alarm) are evaluated every 5 s by default: every second here, so a
+            # test window of 10 s (Prefect's least for a Proactive trigger) fires within a second of its end.
+            "PREFECT_SERVER_EVENTS_PROACTIVE_GRANULARITY": "PT1S",
         }
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(
@@ -405,3 +408,92 @@ def test_the_nightly_deployment_cancels_a_second_run_and_a_paused_schedule_survi
     assert "kept paused: deployment nightly-demo (paused)" in synced, synced
     d = nightly()
     assert d.paused is True and [(s.id, s.active) for s in d.schedules] == [(schedule.id, False)]
+
+
+def verdict_about(target_name: str) -> dict:
+    """A verdict event as flows/recover.py checked announces it (the alarm reads only its name and resource id)."""
+    import uuid
+    from datetime import UTC, datetime
+
+    return {
+        "id": str(uuid.uuid4()),
+        "occurred": datetime.now(UTC).isoformat(),
+        "event": "relaunch.verdict.healthy",
+        "resource": {"prefect.resource.id": f"relaunch.target.{target_name}", "prefect.resource.name": target_name},
+        "payload": {},
+    }
+
+
+def test_a_nightly_check_that_never_runs_is_told_by_its_dead_man_alarm_and_one_whose_verdicts_keep_coming_is_not(
+    server, receiver, tmp_path
+):
+    import time
+
+    import yaml
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.schedules import IntervalSchedule
+
+    from relaunch.deadman import deadman_name
+
+    # Two nightly deployments every 6 s, paused (a schedule switched off by mistake: no check runs at all).
+    async def deploy(c) -> list:
+        flow_id = await c.create_flow_from_name("check-training")
+        return [
+            await c.create_deployment(
+                flow_id,
+                f"nightly-{name}",
+                tags=["relaunch", "nightly"],
+                parameters={"target": {"name": name}},
+                schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=6), active=False)],
+                paused=True,
+            )
+            for name in ("quiet", "busy")
+        ] + [
+            # A fleet's nightly deployment: one alarm per target it checks.
+            await c.create_deployment(
+                await c.create_flow_from_name("check-fleet"),
+                "nightly-fleet",
+                tags=["nightly"],
+                parameters={"targets": [{"name": "fleet-a"}, {"name": "fleet-b"}]},
+                schedules=[DeploymentScheduleCreate(schedule=IntervalSchedule(interval=3600))],
+                paused=True,
+            )
+        ]
+
+    deployments = server.api(deploy)
+    spec = tmp_path / "automations.yaml"
+    spec.write_text(yaml.safe_dump({"deadman": {"slack_seconds": 4}, "automations": []}))
+    try:
+        synced = time.monotonic()  # no alarm exists before the sync makes it
+        out = server.sync_automations("--file", str(spec), RELAUNCH_NOTIFY_URL="")
+        for name in ("quiet", "busy"):
+            assert (
+                f"automation '{deadman_name(f'check-training/nightly-{name}', name)}' created, notifies through relaunch-notify" in out
+            ), out
+        for name in ("fleet-a", "fleet-b"):
+            assert f"automation '{deadman_name('check-fleet/nightly-fleet', name)}' created" in out, out
+
+        def post_verdict() -> None:
+            server.api(lambda c: c.request("POST", "/events", json=[verdict_about("busy")]))
+
+        # Verdicts about `busy` every 2 s; none about `quiet`, whose alarm is due 10 s after it was made.
+        quiet = None
+        while quiet is None and time.monotonic() - synced < 50:
+            post_verdict()
+            with receiver.changed:  # the beat's pace: 2 s, or at once when quiet's alarm arrives
+                receiver.changed.wait_for(lambda: any("of quiet" in m["subject"] for m in receiver.messages), 2)
+            quiet = next((m for m in receiver.messages if "of quiet" in m["subject"]), None)
+        assert quiet is not None, f"no dead-man message for quiet within 50 s of the sync: {receiver.messages}"
+        assert time.monotonic() - synced >= 10, "fired before its window of 10 s had passed"
+        assert quiet["subject"] == "relaunch: no nightly check of quiet for 10 s", quiet
+        assert "prefect deployment run 'check-training/nightly-quiet'" in quiet["body"], quiet["body"]
+        # busy's window ended at the same evaluation: its alarm would have been sent with quiet's; one beat more to see.
+        post_verdict()
+        with receiver.changed:
+            receiver.changed.wait_for(lambda: any("of busy" in m["subject"] for m in receiver.messages), 3)
+        assert not [m for m in receiver.messages if "of busy" in m["subject"]], "verdicts kept coming: no alarm"
+    finally:
+        for d in deployments:
+            server.api(lambda c: c.delete_deployment(d))
+        gone = server.sync_automations("--file", str(spec), RELAUNCH_NOTIFY_URL="")
+        assert f"automation '{deadman_name('check-training/nightly-quiet', 'quiet')}' deleted" in gone, gone

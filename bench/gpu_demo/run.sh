@@ -24,7 +24,8 @@ w=$(mktemp -d)
 # shellcheck source=bench/carried_wheels.sh
 source bench/carried_wheels.sh
 install_carried_wheels "$w" || exit 3
-export PYTHONPATH="/tmp/site:$PWD"
+installed_layout "$PWD" /tmp/relaunch_src || exit 3
+export PYTHONPATH="/tmp/site:/tmp/relaunch_src:$PWD"
 scenario_args=()
 for s in ${SCENARIOS:-}; do scenario_args+=(--scenario "$s"); done
 rc=0

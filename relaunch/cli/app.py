@@ -124,14 +124,16 @@ def _exit_for(report: Any) -> None:
     raise typer.Exit(0 if report.verdict is not None and report.verdict.is_fine() else 1)
 
 
-def _run_flow(flow: Callable[..., Any], **parameters: Any) -> Any:
-    """The flow's report whether the run Completed or Failed; a step's own error is raised as itself."""
+def _run_flow(flow: Callable[..., Any], as_json: bool, **parameters: Any) -> Any:
+    """The flow's report whether the run Completed or Failed; a step's own error is raised as itself.
+    On a terminal (not --json) a spinner shows the step in progress and the run's link meanwhile."""
     from prefect import tags
 
+    from relaunch.cli.spinner import spinning
     from relaunch.flows.outcome import report_of, run_tags
 
     # The run is created with its target and host tags, so the flow's own tagging has nothing left to send.
-    with tags(*run_tags(parameters["target"])):
+    with tags(*run_tags(parameters["target"])), spinning(flow.name, as_json):
         return report_of(flow(**parameters, return_state=True))
 
 
@@ -160,7 +162,7 @@ def demo(
         target = prepare(scenario, workdir.resolve() / scenario, device=resolve_device(device.value if device else None))
         target_file = _write_target(target, workdir.resolve() / scenario / "target.yaml")
         try:
-            report = _run_flow(recover_training, target=target)
+            report = _run_flow(recover_training, as_json, target=target)
         finally:
             if not keep_running:
                 _stop(target)
@@ -267,7 +269,7 @@ def check(
     from relaunch.flows.check import check_training
 
     with _errors():
-        report = _run_flow(check_training, target=load_target(target_file), recover=recover)
+        report = _run_flow(check_training, as_json, target=load_target(target_file), recover=recover)
     _print_report(report, as_json)
     _exit_for(report)
 
@@ -294,7 +296,7 @@ def recover(
     if force:
         _confirm(f"--force stops {target.name} on {target.host.label} even if it is healthy, and relaunches it. Go on?", yes)
     with _errors():
-        report = _run_flow(recover_training, target=target, force=force)
+        report = _run_flow(recover_training, as_json, target=target, force=force)
     _print_report(report, as_json)
     _exit_for(report)
 
@@ -385,12 +387,14 @@ def fleet(
     as_json: bool = typer.Option(False, "--json", help="Print the fleet's table (one row per target) as JSON."),
 ) -> None:
     """Check many targets at once; recover the sick ones, one recovery per host at a time."""
+    from relaunch.cli.spinner import spinning
     from relaunch.config import load_fleet
     from relaunch.flows.fleet import check_fleet
 
     with _errors():
         targets, max_concurrent = load_fleet(fleet_file)
-        state = check_fleet(targets=targets, recover=recover, max_concurrent=max_concurrent, return_state=True)
+        with spinning(check_fleet.name, as_json):
+            state = check_fleet(targets=targets, recover=recover, max_concurrent=max_concurrent, return_state=True)
         result = state.result(raise_on_failure=False)
         if isinstance(result, BaseException):
             raise result
@@ -732,17 +736,12 @@ def _logging_onto_these_streams(same_settings: bool) -> None:
     from prefect.logging.configuration import setup_logging
     from prefect.settings import PREFECT_LOGGING_EXTRA_LOGGERS
 
+    from relaunch.cli.spinner import stream_handlers
+
     if same_settings:
         streams = {1: sys.stdout, 2: sys.stderr}
-        loggers = [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
-        for handler in {h for logger in loggers for h in logger.handlers}:
-            if isinstance(handler, logging.StreamHandler):  # a file's descriptor is never 1 or 2 here
-                try:
-                    fd = handler.stream.fileno()
-                except (AttributeError, OSError, ValueError):
-                    continue
-                if fd in streams:
-                    handler.setStream(streams[fd])
+        for handler, fd in stream_handlers((1, 2)):  # a file's descriptor is never 1 or 2 here
+            handler.setStream(streams[fd])
         return
     # setup_logging adds the extra loggers' handlers again; the agent's go first.
     for name in PREFECT_LOGGING_EXTRA_LOGGERS.value():

@@ -11,10 +11,12 @@ links to it), so `relaunch deploy` puts the same automations on a server from an
      `prefect deploy` switched it back on, then removes the record;
   2. with RELAUNCH_NOTIFY_URL set, creates or updates the notification block `relaunch-notify`: a Custom
      Webhook block that POSTs {"subject", "body", "text"} as JSON to that URL;
-  3. creates or updates every automation in the file, by name: one that exists is updated in place (its
-     enabled/paused flag is kept as a person left it), extra copies of the same name are deleted, a new
-     one is created. A send-notification action names its block (`block: relaunch-notify`); when no
-     notification block of that name exists, the automation gets a do-nothing action and this says so.
+  3. creates or updates every automation in the file, and a dead-man alarm for every scheduled deployment
+     tagged `nightly` (relaunch/deadman.py; the file's `deadman:` sets its slack), by name: one that exists
+     is updated in place (its enabled/paused flag is kept as a person left it), extra copies of the same
+     name are deleted, a new one is created; a dead-man alarm whose deployment is gone is deleted. A
+     send-notification action names its block (`block: relaunch-notify`); when no notification block of
+     that name exists, the automation gets a do-nothing action and this says so.
 
 Uses PREFECT_API_URL like any Prefect client. Exit 0 when everything is in place, 1 (with the reason)
 otherwise. Safe to run any number of times.
@@ -221,14 +223,74 @@ async def upsert(client, automation) -> str:
     return "updated" + (f", {len(extra)} duplicate(s) deleted" if extra else "") + ("" if keep.enabled else " (kept paused)")
 
 
+# --------------------------------------------------------------------------------------------------
+# The dead-man alarm: one Proactive automation per scheduled nightly deployment (relaunch/deadman.py).
+
+
+def load_deadman(path: Path) -> dict[str, Any]:
+    """The file's `deadman:` settings: `slack_seconds` (default 7200), `block`, `tag` (default nightly)."""
+    spec = yaml.safe_load(path.read_text()) or {}
+    found = (spec.get("deadman") if isinstance(spec, dict) else None) or {}
+    return {"slack_seconds": 7200.0, "block": NOTIFY_BLOCK, "tag": "nightly", **found}
+
+
+async def schedule_interval_seconds(schedules: list[Any]) -> float | None:
+    """The longest gap between two runs the deployment's schedules (on or off) would make next: a paused schedule is
+    what the alarm is for. None where it has no schedule."""
+    from prefect.server.schemas import schedules as server
+
+    kinds = {"IntervalSchedule": server.IntervalSchedule, "CronSchedule": server.CronSchedule, "RRuleSchedule": server.RRuleSchedule}
+    dates: list[Any] = []
+    for s in schedules:
+        kind = kinds.get(type(s.schedule).__name__)
+        if kind is not None:
+            dates += await kind.model_validate(s.schedule.model_dump()).get_dates(n=16)
+    dates.sort()
+    gaps = [(b - a).total_seconds() for a, b in zip(dates, dates[1:])]
+    return max(gaps) if gaps else None
+
+
+async def deadman_specs(client, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """One dead-man automation per target of each deployment tagged `settings['tag']` that has a schedule: its
+    `target` parameter (check-training) or each of its `targets` (check-fleet)."""
+    from relaunch.deadman import deadman_automation
+
+    specs = []
+    for d in await _all_deployments(client):
+        parameters = d.parameters or {}
+        targets = [parameters.get("target"), *(parameters.get("targets") or [])]
+        names = [t["name"] for t in targets if isinstance(t, dict) and t.get("name")]
+        if settings["tag"] not in (d.tags or []) or not names:
+            continue
+        interval = await schedule_interval_seconds(d.schedules or [])
+        if interval is None:
+            continue
+        flow = await client.read_flow(d.flow_id)
+        slack = float(settings["slack_seconds"])
+        specs += [deadman_automation(name, f"{flow.name}/{d.name}", interval, slack, settings["block"]) for name in names]
+    return specs
+
+
+async def remove_stale_deadmen(client, keep: set[str]) -> list[str]:
+    """Dead-man automations of deployments that are gone (or no longer nightly): deleted, so none fires forever."""
+    from relaunch.deadman import NAME_PREFIX
+
+    stale = [a for a in await client.read_automations() if a.name.startswith(NAME_PREFIX) and a.name not in keep]
+    for automation in stale:
+        await client.delete_automation(automation.id)
+    return [a.name for a in stale]
+
+
 async def sync(spec_path: Path, record: Path, say) -> None:
     from prefect.client.orchestration import get_client
 
-    automations = load_spec(spec_path)
     url = os.environ.get(URL_VARIABLE) or None
     async with get_client() as client:
         for line in await restore_paused(client, record):
             say(f"kept paused: {line}")
+        automations = load_spec(spec_path) + await deadman_specs(client, load_deadman(spec_path))
+        for name in await remove_stale_deadmen(client, {a["name"] for a in automations}):
+            say(f"automation {name!r} deleted: its nightly deployment is gone")
         block_ids = await resolve_blocks(client, automations, url, say)
         for spec in automations:
             core = with_blocks(spec, block_ids)
