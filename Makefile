@@ -41,7 +41,7 @@ demo: setup system-demo
 	$(VENV)/bin/relaunch demo --scenario $(SCENARIO)
 
 demo-all: setup
-	for s in healthy missing-dependency fx-race silent-death degraded diverged broken-checkpoint; do $(VENV)/bin/relaunch demo --scenario $$s || exit 1; done
+	for s in healthy missing-dependency fx-race silent-death degraded diverged broken-checkpoint corrupt-cache; do $(VENV)/bin/relaunch demo --scenario $$s || exit 1; done
 
 # Lint first (seconds): ruff for Python, the layers contract (the core never imports upward), shellcheck for every
 # script relaunch runs on a host.

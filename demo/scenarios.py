@@ -20,6 +20,7 @@ from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.rebuild_venv import plan_create
 from relaunch.tasks.stop import plan_stop
+from relaunch.tasks.warm_cache import plan_warm
 from relaunch.transport import local_env, run, transport_for
 from relaunch.verdicts import Cause, Verdict
 
@@ -48,6 +49,12 @@ SCENARIOS: dict[str, Scenario] = {
             "broken-checkpoint",
             "the newest checkpoint truncated (a save cut short), and the run resumed from it",
             Cause.BROKEN_CHECKPOINT,
+            Verdict.CRASHED,
+        ),
+        Scenario(
+            "corrupt-cache",
+            "a good compile cache damaged (its generated modules cut short; on a GPU, Triton's kernel images overwritten): the trainer dies at start-up",
+            Cause.CORRUPT_CACHE,
             Verdict.CRASHED,
         ),
     ]
@@ -167,7 +174,31 @@ def _truncate_newest_checkpoint(target: Target) -> None:
     _crash(target)
 
 
+def _damage_warm_cache(target: Target) -> None:
+    # A good cache first, warmed as relaunch warms one (the trainer's environment, single-threaded).
+    say("warming a good compile cache")
+    run(transport_for(target.host), plan_warm(target, "demo")["warm"])
+    cache = Path(target.inductor_cache_dir)
+    if "--device cuda" in target.launch_command:
+        # Triton's kernel images overwritten in place (what a bad disk or a foreign write leaves): the driver refuses them
+        # on every start (gpu/cache_cubin_garbage.log, _rerun.log). Cut short instead they die of SIGSEGV saying nothing.
+        damaged = [p for p in (cache / "triton").rglob("*.cubin") if p.is_file()]
+        for path in damaged:
+            path.write_bytes(os.urandom(path.stat().st_size))
+    else:
+        # On the CPU torch recompiles past damaged graph entries and kernels (cpu/compile_cache_entries_truncated.log),
+        # but imports its generated modules as it finds them (cpu/compile_cache_module_truncated.log).
+        damaged = [p for p in cache.glob("??/c*.py") if p.is_file()]
+        for path in damaged:
+            os.truncate(path, path.stat().st_size // 2)
+    if not damaged:
+        raise SystemExit(f"demo: the warm-up left nothing to damage in {cache}")
+    say(f"damaged {len(damaged)} cached file(s) in {cache}")
+    _crash(target)
+
+
 BREAKERS: dict[str, Callable[[Target], None]] = {
+    "corrupt-cache": _damage_warm_cache,
     "diverged": _diverge,
     "broken-checkpoint": _truncate_newest_checkpoint,
     "missing-dependency": _crash,

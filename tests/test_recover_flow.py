@@ -34,6 +34,10 @@ def test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first(scen
     )
     assert report.ok and report.verdict is Verdict.HEALTHY, report.timeline()
     assert all(a.steps for a in report.attempts[:-1]), "every attempt but the last acted"
+    if scenario == "corrupt-cache":
+        warmed = [step for a in report.attempts for step in a.steps if step.step == "warm_cache"]
+        assert warmed and warmed[0].detail.kept_aside, "the damaged cache was moved aside and kept"
+        assert any(Path(warmed[0].detail.kept_aside).glob("??/c*.py")), "with its damaged modules, never deleted"
     if any(step.step == "restore_code" for a in report.attempts for step in a.steps):
         patches = list((Path(target.state_path) / "patches").glob("*.patch"))
         assert patches and "HACK" in patches[0].read_text(), "the hacked model file was saved before the restore"

@@ -44,6 +44,7 @@ class Scenario(str, Enum):
     DEGRADED = "degraded"
     DIVERGED = "diverged"
     BROKEN_CHECKPOINT = "broken-checkpoint"
+    CORRUPT_CACHE = "corrupt-cache"
 
 
 class Device(str, Enum):
