@@ -16,6 +16,7 @@ from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_ledger
 from relaunch.flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
 from relaunch.goodput import observe, payload_of
+from relaunch.gpufaults import bus_key
 from relaunch.hardware import gpu_indexes_of
 from relaunch.history import Night, Storm, across_nights, night_of, restart_storm
 from relaunch.ledger import GpuFault, Ledger, gpu_faults, place, target_gpus
@@ -36,7 +37,7 @@ from relaunch.tasks.rebuild_venv import build_venv, rebuild_venv
 from relaunch.tasks.restore_code import check_restorable, restore_code
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
-from relaunch.verdicts import Cause
+from relaunch.verdicts import Cause, Verdict
 
 
 def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepRecord], str | None]:
@@ -156,15 +157,20 @@ def host_limit_name(target: Target) -> str:
 
 
 def _recover(target: Target, force: bool, report: Report, flow_run: str = "") -> Report:
-    # What the last nights did is read once, before the first check: a storm is judged on the first attempt.
-    memory = recall(target)
     health = checked(target, 1)
+    verdict = health.diagnosis.verdict
+    if verdict.is_fine() and verdict is not Verdict.STOPPED and not force:
+        # Nothing will be launched, so nothing the last nights did can change what happens, and a night that needed
+        # no recovery neither counts towards a storm nor ends one: two task runs (0.1-0.4 s each) saved on most checks.
+        return _attempts(target, force, report, health, None, Ledger(host=target.host.hostname), [], None)
+    # What the last nights did is read once, before the first decision: a storm is judged on the first attempt.
+    memory = recall(target)
     now = datetime.now(UTC)
     night = night_of(health.diagnosis, health.snapshot.checkpoint, now, flow_run)
     storm = restart_storm(memory.history.nights, night, target.storm_window_hours, target.storm_max_returns)
-    ledger, faults = memory.ledger, []
+    faults: list[GpuFault] = []
     try:
-        return _attempts(target, force, report, health, storm, ledger, faults, night)
+        return _attempts(target, force, report, health, storm, memory.ledger, faults, night)
     finally:
         last = report.attempts[-1] if report.attempts else None
         night.ended = last.verdict if last and last.action in (Action.NONE, Action.ESCALATE) else None
@@ -179,7 +185,7 @@ def _attempts(
     storm: Storm | None,
     ledger: Ledger,
     faults: list[GpuFault],
-    night: Night,
+    night: Night | None,
 ) -> Report:
     history: list = []
     running = target  # as launched: its CUDA_VISIBLE_DEVICES kept off every GPU in the ledger
@@ -191,14 +197,14 @@ def _attempts(
         )
         if health.diagnosis.cause is Cause.GPU_FAULT:
             found = gpu_faults(health.snapshot, gpu_indexes_of(running))
-            faults += [f for f in found if all(f.bus_id != g.bus_id for g in faults)]
-            ledger = ledger.with_faults(found, night.at, target.name, night.flow_run)
+            faults += [f for f in found if all(bus_key(f.bus_id) != bus_key(g.bus_id) for g in faults)]
+            ledger = ledger.with_faults(found, datetime.now(UTC), target.name, night.flow_run if night else "")
         gpus = target_gpus(gpu_indexes_of(target), target.thresholds.expected_gpus)
         placement = place(ledger, health.snapshot.gpu_health, gpus, target.spare_gpus, target.min_gpus)
         action, why = across_nights(action, why, health.diagnosis, storm if number == 1 else None, placement)
         running = on_gpus(target, placement.visible)
         attempt = attempt_from(number, health, action, why)
-        if number == 1:
+        if number == 1 and night is not None:
             night.action = action
             if storm is not None and action is Action.ESCALATE:
                 attempt.evidence += [f"night: {n.line()}" for n in storm.nights]
