@@ -9,7 +9,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# After the installed package: the checkout's top-level relaunch/ lacks relaunch.flows/tasks/demo (package-dir), so it
+# must not shadow an install (the venv's, or the GPU machine's laid-out tree); ROOT is here for `tests`.
+sys.path.append(str(ROOT))
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="relaunch-prefect-"))
 os.environ.update(DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")

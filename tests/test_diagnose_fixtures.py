@@ -187,6 +187,15 @@ CASES = [
     # Triton's cache damaged on the H200 (tests/fixtures/logs/gpu/PROVENANCE.md, bench/gpu_capture/capture_cache.sh).
     ("gpu/cache_cubin_garbage.log", ["--exit-code", "1"], "crashed", "corrupt_cache", None, "device kernel image is invalid"),
     ("gpu/cache_cubin_garbage_rerun.log", ["--exit-code", "1"], "crashed", "corrupt_cache", None, "device kernel image is invalid"),
+    # The corrupt-cache demo's broken run on the H200 (gpu/demo/corrupt-cache/PROVENANCE.md).
+    (
+        "gpu/demo/corrupt-cache/relaunch-demo-corrupt-cache-20261202T133420.676469Z-a0.log",
+        ["--exit-code", "1"],
+        "crashed",
+        "corrupt_cache",
+        None,
+        "device kernel image is invalid",
+    ),
     ("gpu/cache_so_half_faulthandler.log", ["--exit-code", "135"], "crashed", "corrupt_cache", None, "in _load_module_from_path"),
     ("gpu/cache_prefix_all.log", ["--exit-code", "135"], "crashed", "corrupt_cache", None, "fx graph cache unable to load"),
     # A SIGBUS or SIGSEGV that leaves no text names nothing: a native crash (PYTHONFAULTHANDLER=1 makes it readable).
