@@ -218,8 +218,10 @@ def test_a_real_crash_and_recovery_is_counted_category_by_category_as_the_tests_
     timeline = wait_for(lambda: stored(target, start, end), 30, "the verdict events and task runs to be stored", interval=0.5)
     g = compute(timeline, start, end)
     s = g.total.seconds
-    assert abs(s[Category.WASTED] - (killed - saved).total_seconds()) < 0.6, s
-    assert (checked - killed).total_seconds() - 0.3 < s[Category.DETECTION] < (checked - killed).total_seconds() + 4, s
+    # A dead run's last step line is dated by its log's last write: the supervisor's exit note, ~0.5 s after the death
+    # (relaunch/host/supervisor.sh waits for the run's last processes first), later on a loaded machine.
+    assert abs(s[Category.WASTED] - (killed - saved).total_seconds()) < 1.0, s
+    assert (checked - killed).total_seconds() - 1.5 < s[Category.DETECTION] < (checked - killed).total_seconds() + 4, s
     steps = {r.step: r.seconds for a in report.attempts for r in a.steps}
     assert abs(s[Category.STOP] - steps[Step.STOP]) < 0.5 and abs(s[Category.LAUNCH] - steps[Step.LAUNCH]) < 0.5, (s, steps)
     rebuild = sum(steps.get(step, 0.0) for step in (Step.BUILD_VENV, Step.REBUILD_VENV, Step.RESTORE_CODE))
