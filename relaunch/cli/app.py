@@ -165,7 +165,8 @@ def demo(
             report = _run_flow(recover_training, as_json, target=target)
         finally:
             if not keep_running:
-                _stop(target)
+                # Recorded as a person's stop: the `relaunch check` the demo suggests next says `stopped`, not crashed.
+                _stop(target, deliberate=True)
     _print_report(report, as_json)
     if not as_json:
         print(f"logs: {target.log_dir}   patches and run records: {target.state_path}")
