@@ -28,6 +28,7 @@ def attempt_from(number: int, health: HealthResult, action: Action, why: str) ->
         evidence=d.evidence,
         metrics=d.metrics,
         observation=health.observation,
+        nodes=health.nodes,
     )
 
 

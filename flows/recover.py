@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from datetime import UTC, datetime
+from typing import Any
 
 from prefect import flow
 from prefect.client.orchestration import get_client
@@ -15,6 +16,7 @@ from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_ledger
 from relaunch.flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
+from relaunch.gang import gang_action, gang_label, node_targets
 from relaunch.goodput import observe, payload_of
 from relaunch.gpufaults import bus_key
 from relaunch.hardware import gpu_indexes_of
@@ -28,7 +30,7 @@ from relaunch.tasks.capture_stacks import capture_stacks
 from relaunch.tasks.common import log
 from relaunch.tasks.health import HealthResult, check_health
 from relaunch.tasks.install_package import install_package
-from relaunch.tasks.launch import check_resumable, launch
+from relaunch.tasks.launch import check_resumable, choose_checkpoint, launch
 from relaunch.tasks.leftovers import stop_leftovers
 from relaunch.tasks.lock import target_lock
 from relaunch.tasks.memory import recall, remember
@@ -40,40 +42,68 @@ from relaunch.tasks.warm_cache import warm_cache
 from relaunch.verdicts import Cause, Verdict
 
 
+def each(step: Any, nodes: list[Target], *args: Any, **kwargs: Any) -> list[StepRecord]:
+    """One step on every node: a run of one node runs it as before; a gang runs it on all nodes at once (Prefect task
+    runs in threads) and waits for all, so the next step begins on no node before this one ended on every node."""
+    if len(nodes) == 1:
+        return [_record(step(nodes[0], *args, **kwargs))]
+    futures = [step.submit(node, *args, **kwargs) for node in nodes]
+    return [_record(f.result()).model_copy(update={"node": k}) for k, f in enumerate(futures)]
+
+
+def _record(result: StepRecord | tuple[Any, StepRecord]) -> StepRecord:
+    """A step's record (the launch returns its detail beside it)."""
+    return result[1] if isinstance(result, tuple) else result
+
+
 def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepRecord], str | None]:
-    steps, run_id = [], None
+    steps: list[StepRecord] = []
     # Names fixed here, not in the steps: a step retried after a dropped connection finds what its first try made.
     stamp = utc_stamp()
+    run_id = new_run_id(attempt, stamp=stamp)
+    nodes = node_targets(target)
     planned = steps_for(action, health.snapshot.unfinished_steps)
+    before_step, refuse = resume_constraints(health.diagnosis)
     for step in planned:
         if step is Step.STOP:
             # Asked before the run is stopped: a repo mid-rebase or mid-merge, or a checkpoint folder the launch would
             # refuse, fails the recovery while the run goes on.
             if Step.RESTORE_CODE in planned:
-                check_restorable(target)
+                for node in nodes:
+                    check_restorable(node)
             if Step.LAUNCH in planned:
-                check_resumable(target, resume_constraints(health.diagnosis)[0])
+                check_resumable(nodes[0], before_step)
         if step is Step.BUILD_VENV:
-            record = build_venv(target, stamp=stamp)
+            steps += each(build_venv, nodes, stamp=stamp)
         elif step is Step.STOP:
-            record = stop(target)
+            steps += each(stop, nodes)
         elif step is Step.REBUILD_VENV:
-            record = rebuild_venv(target, stamp=stamp)
+            steps += each(rebuild_venv, nodes, stamp=stamp)
         elif step is Step.INSTALL_PACKAGE:
-            record = install_package(target, health.diagnosis.package or "")
+            steps += each(install_package, nodes, health.diagnosis.package or "")
         elif step is Step.RESTORE_CODE:
-            record = restore_code(target)
+            steps += each(restore_code, nodes)
         elif step is Step.WARM_CACHE:
             # A cache the trainer died loading is kept aside for a person to look at, never removed.
-            record = warm_cache(target, keep_aside=health.diagnosis.cause is Cause.CORRUPT_CACHE)
+            steps += each(warm_cache, nodes, keep_aside=health.diagnosis.cause is Cause.CORRUPT_CACHE)
         elif step is Step.CAPTURE_STACKS:
-            record = capture_stacks(target, health.snapshot)
+            steps += _stacks(target, nodes, health)
+        elif target.nodes:
+            # Every node resumes from the one checkpoint node 0's listing gives, and meets at a fresh rendezvous.
+            choice = choose_checkpoint(nodes[0], before_step, refuse)
+            steps += each(launch, node_targets(target, run_id=run_id), attempt, before_step, refuse, run_id, choice)
         else:
-            before_step, refuse = resume_constraints(health.diagnosis)
-            run, record = launch(target, attempt, before_step=before_step, refuse=refuse, run_id=new_run_id(attempt, stamp=stamp))
-            run_id = run.run_id
-        steps.append(record)
-    return steps, run_id
+            _, record = launch(target, attempt, before_step=before_step, refuse=refuse, run_id=run_id)
+            steps.append(record)
+    return steps, run_id if Step.LAUNCH in planned else None
+
+
+def _stacks(target: Target, nodes: list[Target], health: HealthResult) -> list[StepRecord]:
+    """Every node's stacks, each from its own last snapshot (a node polled by none is skipped)."""
+    if not target.nodes:
+        return [capture_stacks(target, health.snapshot)]
+    futures = {k: capture_stacks.submit(nodes[k], snap) for k, snap in sorted(health.node_snapshots.items())}
+    return [f.result().model_copy(update={"node": k}) for k, f in futures.items()]
 
 
 @flow(name="recover-training", flow_run_name="recover-{target.name}", log_prints=True, persist_result=True)
@@ -83,20 +113,29 @@ def recover_training(target: Target, force: bool = False) -> Report:
     Ends Completed only when the target ends healthy, starting or finished; otherwise Failed, with the
     report as the state's data (`state.result(raise_on_failure=False)`) and as the run's artifact.
     """
-    report = Report(target=target.name, host=target.host.label, flow="recover-training")
+    report = Report(target=target.name, host=gang_label(target), flow="recover-training")
     run_ctx = FlowRunContext.get()
     flow_run = str(run_ctx.flow_run.id) if run_ctx and run_ctx.flow_run else ""
     tag_flow_run(target)
+    nodes = node_targets(target)
     with untagged_tasks():
-        # Preflight only reads: it runs before the lock, so bad input creates nothing at all.
-        pre = preflight(target)
-        report.preflight.append(pre)
-        # Server-side: one recovery per host across all workers (a no-op where no limit exists).
-        # Host-side: the lock folder, which also holds with no server at all.
-        with host_slot(target), target_lock(target, flow_run):
-            left = stop_leftovers(target)
-            report.preflight.append(left)
-            report = _recover(target, force, report, flow_run)
+        first = checked(target, 1) if target.nodes else None
+        if first is not None and (first.diagnosis.verdict.is_fine() and not force or any(n.diagnosis is None for n in first.nodes)):
+            # A gang that is fine, or has a node that cannot be reached, is neither prepared nor locked: nothing will
+            # be done on any node (relaunch.gang.gang_action), and an unreachable node would fail the preflight.
+            report = _recover(target, force, report, flow_run, first)
+        else:
+            # Preflight only reads: it runs before the lock, so bad input creates nothing at all.
+            report.preflight += each(preflight, nodes)
+            # Server-side: one recovery per host across all workers (a no-op where no limit exists).
+            # Host-side: the lock folder, which also holds with no server at all. A gang's nodes are locked in one
+            # order (host, then state folder), so two recoveries sharing nodes never each hold a lock the other wants.
+            with ExitStack() as held:
+                for node in sorted(nodes, key=lambda n: (n.host.label, n.state_path)):
+                    held.enter_context(host_slot(node))
+                    held.enter_context(target_lock(node, flow_run))
+                report.preflight += each(stop_leftovers, nodes)
+                report = _recover(target, force, report, flow_run)
     announce(target, report)
     return final_state(report)  # type: ignore[return-value]
 
@@ -156,8 +195,8 @@ def host_limit_name(target: Target) -> str:
     return f"relaunch-host-{target.host.hostname}"
 
 
-def _recover(target: Target, force: bool, report: Report, flow_run: str = "") -> Report:
-    health = checked(target, 1)
+def _recover(target: Target, force: bool, report: Report, flow_run: str = "", health: HealthResult | None = None) -> Report:
+    health = health or checked(target, 1)
     verdict = health.diagnosis.verdict
     if verdict.is_fine() and verdict is not Verdict.STOPPED and not force:
         # Nothing will be launched, so nothing the last nights did can change what happens, and a night that needed
@@ -202,6 +241,7 @@ def _attempts(
         gpus = target_gpus(gpu_indexes_of(target), target.thresholds.expected_gpus)
         placement = place(ledger, health.snapshot.gpu_health, gpus, target.spare_gpus, target.min_gpus)
         action, why = across_nights(action, why, health.diagnosis, storm if number == 1 else None, placement)
+        action, why = gang_action(action, why, health.nodes)
         running = on_gpus(target, placement.visible)
         attempt = attempt_from(number, health, action, why)
         if number == 1 and night is not None:

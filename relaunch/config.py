@@ -179,11 +179,87 @@ def _pattern_with_group(value: str, group: str) -> str:
     return value
 
 
+def check_env(values: dict[str, str]) -> dict[str, str]:
+    """Environment keys are shell variable names and values hold no NUL."""
+    for key, value in values.items():
+        if not ENV_KEY.match(key):
+            raise ValueError(f"{key!r} is not a shell variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if "\0" in value:
+            raise ValueError(f"the value of {key} contains a NUL character, which no environment can hold")
+    return values
+
+
+class Node(_Model):
+    """One host of a run that spans several (docs/multinode.md): reached as a target's host is, with what differs there."""
+
+    host: Host = Field(default_factory=Host, description="Where this node's share of the run runs (local, SSH, jump hosts, container).")
+    address: str | None = Field(
+        None,
+        description="Where the other nodes reach this one (NODE_ADDR; node 0's is MASTER_ADDR and the rendezvous endpoint); "
+        "default host.hostname.",
+    )
+    repo_dir: str | None = Field(None, description="This node's checkout, where it differs from the target's repo_dir.")
+    venv_dir: str | None = Field(None, description="This node's venv, where it differs from the target's venv_dir.")
+    log_dir: str | None = Field(None, description="This node's log folder, where it differs from the target's log_dir.")
+    state_dir: str | None = Field(
+        None, description="relaunch's own files on this node; default /var/tmp/relaunch/<name>-node<K> (each node its own)."
+    )
+    inductor_cache_dir: str | None = Field(None, description="This node's compile cache, where it differs from the target's.")
+    checkpoint_dir: str | None = Field(
+        None, description="This node's view of checkpoint_dir (shared storage: every node resumes from the checkpoint node 0 chose)."
+    )
+    tmux_session: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_-]+$", description="This node's tmux session, where it differs (two nodes on one machine)."
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Environment added on this node only (e.g. GLOO_SOCKET_IFNAME).")
+
+    @field_validator("repo_dir", "venv_dir", "log_dir", "state_dir", "inductor_cache_dir", "checkpoint_dir")
+    @classmethod
+    def _host_paths(cls, value: str | None) -> str | None:
+        return None if value is None else check_host_path(value)
+
+    @field_validator("address")
+    @classmethod
+    def _clean_address(cls, value: str | None) -> str | None:
+        return None if value is None else check_clean_text(value)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, values: dict[str, str]) -> dict[str, str]:
+        return check_env(values)
+
+
+class Rendezvous(_Model):
+    """How the nodes of a multi-node run meet: node 0's address and a port that is new at every launch."""
+
+    master_port: int = Field(29500, ge=1, le=65535, description="First port of the range node 0's rendezvous listens on (MASTER_PORT).")
+    port_range: int = Field(
+        100,
+        ge=1,
+        le=10000,
+        description="Each launch takes a port in [master_port, master_port + port_range), chosen from its run id, and RDZV_ID is the "
+        "run id: a relaunch never meets the last launch's rendezvous (nor a port it left in TIME_WAIT).",
+    )
+
+    @model_validator(mode="after")
+    def _ports_fit(self) -> Rendezvous:
+        if self.master_port + self.port_range - 1 > 65535:
+            raise ValueError(f"master_port + port_range - 1 = {self.master_port + self.port_range - 1} is past port 65535")
+        return self
+
+
 class Target(_Model):
     """One training run on one host, and how to recover it."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Short name; used for the state folder and Prefect tags.")
-    host: Host = Field(default_factory=Host, description="Where the trainer runs.")
+    host: Host = Field(default_factory=Host, description="Where the trainer runs (for a run of several nodes: see nodes).")
+    nodes: list[Node] = Field(
+        default_factory=list,
+        description="The hosts of a run that spans several (docs/multinode.md): launch_command runs on each with NODE_RANK, NNODES, "
+        "NODE_ADDR, MASTER_ADDR, MASTER_PORT, RDZV_ENDPOINT and RDZV_ID in its environment, and they are checked and recovered "
+        "as one gang; `host` is then unused. Empty: one node, `host`.",
+    )
+    rendezvous: Rendezvous = Field(default_factory=Rendezvous, description="How the nodes meet (used only with nodes).")
     repo_dir: str = Field(description="Git checkout of the training code on the host.")
     known_good_ref: str = Field("HEAD", description="Git ref the model code is restored to.")
     restore_paths: list[str] = Field(
@@ -312,12 +388,19 @@ class Target(_Model):
     @field_validator("env")
     @classmethod
     def _env(cls, values: dict[str, str]) -> dict[str, str]:
-        for key, value in values.items():
-            if not ENV_KEY.match(key):
-                raise ValueError(f"{key!r} is not a shell variable name ([A-Za-z_][A-Za-z0-9_]*)")
-            if "\0" in value:
-                raise ValueError(f"the value of {key} contains a NUL character, which no environment can hold")
-        return values
+        return check_env(values)
+
+    @model_validator(mode="after")
+    def _nodes_are_apart(self) -> Target:
+        seen: dict[tuple[str, str], int] = {}
+        for k, node in enumerate(self.nodes):
+            where = (node.host.label, node.state_dir or f"{DEFAULT_STATE_ROOT}/{self.name}-node{k}")
+            if where in seen:
+                raise ValueError(
+                    f"nodes {seen[where]} and {k} share host {where[0]} and state folder {where[1]}: give each node its own state_dir"
+                )
+            seen[where] = k
+        return self
 
     @model_validator(mode="after")
     def _folders_do_not_overlap(self) -> Target:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field
 
 from relaunch.diagnosis import Metrics
+from relaunch.gang import NodeHealth
 from relaunch.goodput import Observation
 from relaunch.playbook import Action
 from relaunch.snapshot import GpuSample
@@ -30,6 +31,7 @@ class Attempt(BaseModel):
     observation: Observation | None = Field(
         None, description="The health check before it, as goodput reads it: when, and what it saw of the step lines."
     )
+    nodes: list[NodeHealth] = Field(default_factory=list, description="A run of several nodes: each node as that check found it.")
 
 
 class Report(BaseModel):
@@ -60,7 +62,8 @@ class Report(BaseModel):
         for a in self.attempts:
             cause = f" ({a.cause.value}{': ' + a.package if a.package else ''})" if a.cause else ""
             lines.append(f"attempt {a.number}: {a.verdict.value}{cause} -> {a.action.value}  {a.summary}")
-            lines += [f"    {s.step.value:<16} {s.seconds:8.1f} s" for s in a.steps]
+            lines += [f"    {n.line()}" for n in a.nodes]
+            lines += [f"    {s.step.value:<16} {s.seconds:8.1f} s{_on_node(s)}" for s in a.steps]
         return lines
 
     def markdown(self) -> str:
@@ -73,16 +76,43 @@ class Report(BaseModel):
                 f"| {a.number} | {a.verdict.value} | {a.cause.value if a.cause else ''}{' (' + a.package + ')' if a.package else ''} | {a.action.value} | {_cell(a.summary)} |"
             )
         parts = [head, self.message, "## Attempts", "\n".join(rows)]
+        if self.attempts and self.attempts[-1].nodes:
+            parts += ["## Nodes", _node_table(self.attempts[-1].nodes)]
         for a in self.attempts:
             parts.append(
                 f"### Attempt {a.number}: {a.verdict.value}\n{a.why}\n\nEvidence:\n```\n" + "\n".join(a.evidence or ["(none)"]) + "\n```"
             )
+            if a.nodes and a is not self.attempts[-1]:
+                parts.append(_node_table(a.nodes))
             if a.steps:
-                parts.append(
-                    "| step | seconds | notes |\n| --- | --- | --- |\n"
-                    + "\n".join(f"| {s.step.value} | {s.seconds:.1f} | {_notes(s)} |" for s in a.steps)
-                )
+                parts.append(_step_table(a.steps))
         return "\n\n".join(p for p in parts if p)
+
+
+def _step_table(steps: list[StepRecord]) -> str:
+    if all(s.node is None for s in steps):
+        return "| step | seconds | notes |\n| --- | --- | --- |\n" + "\n".join(
+            f"| {s.step.value} | {s.seconds:.1f} | {_notes(s)} |" for s in steps
+        )
+    return "| step | node | seconds | notes |\n| --- | --- | --- | --- |\n" + "\n".join(
+        f"| {s.step.value} | {'' if s.node is None else s.node} | {s.seconds:.1f} | {_notes(s)} |" for s in steps
+    )
+
+
+def _on_node(step: StepRecord) -> str:
+    return "" if step.node is None else f"  node {step.node}"
+
+
+def _node_table(nodes: list[NodeHealth]) -> str:
+    """A row per node under the run."""
+    rows = ["| node | host | verdict | cause | summary |", "| --- | --- | --- | --- | --- |"]
+    for n in nodes:
+        d = n.diagnosis
+        verdict = d.verdict.value if d else "unknown"
+        cause = d.cause.value if d and d.cause else ""
+        summary = d.summary if d else f"cannot be reached: {n.unreachable}"
+        rows.append(f"| {n.node} | {_cell(n.host)} | {verdict} | {cause} | {_cell(summary)} |")
+    return "\n".join(rows)
 
 
 def _notes(step: StepRecord) -> str:

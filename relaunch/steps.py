@@ -203,3 +203,4 @@ class StepRecord(BaseModel):
     step: Step
     seconds: float = Field(description="Wall time of the step.")
     detail: StepDetail
+    node: int | None = Field(None, description="The node it ran on, in a run of several nodes (None: a run of one).")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel, Field
 
 from relaunch.config import Target
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
-from relaunch.errors import CommandFailed, StateFolderTaken
+from relaunch.errors import CommandFailed, StateFolderTaken, TransportError
+from relaunch.gang import NodeHealth, judge_gang, node_targets
 from relaunch.goodput import Observation
 from relaunch.hardware import gpu_indexes_of
 from relaunch.plans.health import plan_snapshot
@@ -30,6 +32,10 @@ class HealthResult(BaseModel):
     seconds: float = Field(description="Time spent waiting for the verdict to settle.")
     progress: Progress = Field(default_factory=Progress, description="What the polls saw of the step lines (their times since launch).")
     observation: Observation | None = Field(None, description="The verdict as goodput reads it (set where it is announced).")
+    nodes: list[NodeHealth] = Field(default_factory=list, description="A run of several nodes: each node's verdict (empty: one node).")
+    node_snapshots: dict[int, HealthSnapshot] = Field(
+        default_factory=dict, description="A run of several nodes: each reachable node's last snapshot, by node rank."
+    )
 
 
 def collect_snapshot(target: Target, wait_seconds: float = 0, wake_on_log_write: bool = False) -> HealthSnapshot:
@@ -107,6 +113,54 @@ def stepping_toward_a_verdict(last: Verdict | None, progress: Progress) -> bool:
     return last is Verdict.STARTING and progress.last_step is not None
 
 
+def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:
+    """Every node polled in parallel, one round trip each per poll (a node's poll returns the moment its trainer dies);
+    the gang's verdict is relaunch.gang.judge_gang of all of theirs. A node that cannot be reached is said, not retried.
+    Runs started by hand are not adopted on a node of a gang: such a node says unmanaged."""
+    t = target.thresholds
+    nodes = node_targets(target)
+    deadline = time.monotonic() + (timeout_seconds if timeout_seconds is not None else t.settle_timeout_seconds)
+    start, polls, last = time.monotonic(), 0, None
+    progress = [Progress() for _ in nodes]
+
+    def poll(k: int, wait: float) -> tuple[NodeHealth, HealthSnapshot | None]:
+        node = nodes[k]
+        try:
+            snap = collect_snapshot(node, wait, wake_on_log_write=False)
+        except TransportError as exc:
+            return NodeHealth(node=k, host=node.host.label, unreachable=str(exc).splitlines()[0]), None
+        progress[k] = advance(progress[k], snap, t)
+        d = diagnose(snap, t, progress[k], min_free_disk_gb=node.min_free_disk_gb, gpu_indexes=gpu_indexes_of(node))
+        return NodeHealth(node=k, host=node.host.label, diagnosis=d), snap
+
+    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="relaunch-node-poll") as pool:
+        wait = 0.0
+        while True:
+            found = list(pool.map(poll, range(len(nodes)), [wait] * len(nodes)))
+            wait = min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
+            polls += 1
+            rows = [row for row, _ in found]
+            snaps = {row.node: snap for row, snap in found if snap is not None}
+            diagnosis = judge_gang(rows)
+            if last is None or diagnosis.verdict is not last:
+                log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
+                last = diagnosis.verdict
+            if diagnosis.settled or time.monotonic() >= deadline:
+                first = next(iter(snaps.values()), None) or HealthSnapshot(host=nodes[0].host.label, launched=False)
+                unfinished = sorted({s for snap in snaps.values() for s in snap.unfinished_steps})
+                return HealthResult(
+                    diagnosis=diagnosis,
+                    snapshot=first.model_copy(update={"unfinished_steps": unfinished}),
+                    polls=polls,
+                    seconds=round(time.monotonic() - start, 3),
+                    progress=progress[min(snaps, default=0)],
+                    nodes=rows,
+                    node_snapshots=snaps,
+                )
+
+
 @step_task("check_health")
 def check_health(target: Target, timeout_seconds: float | None = None) -> HealthResult:
+    if target.nodes:
+        return poll_gang_until_settled(target, timeout_seconds)
     return poll_until_settled(target, timeout_seconds)

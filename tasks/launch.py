@@ -64,6 +64,12 @@ def pick_checkpoint(target: Target, listing: str | None, before_step: int | None
     return choice
 
 
+def choose_checkpoint(target: Target, before_step: int | None = None, refuse: str | None = None) -> Choice:
+    """The checkpoint a launch resumes from, read from the host's listing (reads only)."""
+    listing = plan_list_checkpoints(target, refuse)
+    return pick_checkpoint(target, execute(target, listing).stdout if listing else None, before_step)
+
+
 def check_resumable(target: Target, before_step: int | None = None) -> None:
     """Raise CheckpointUnusable when the launch would refuse the checkpoint folder; reads only.
 
@@ -99,17 +105,23 @@ def describe(choice: Choice) -> str:
 
 @step_task("launch")
 def launch(
-    target: Target, attempt: int, before_step: int | None = None, refuse: str | None = None, run_id: str | None = None
+    target: Target,
+    attempt: int,
+    before_step: int | None = None,
+    refuse: str | None = None,
+    run_id: str | None = None,
+    choice: Choice | None = None,
 ) -> tuple[LaunchDetail, StepRecord]:
     """Launch from the newest usable checkpoint; `before_step` and `refuse` rule out ones the last failure makes suspect.
 
     `run_id` is fixed by the caller so that a retry after a dropped connection names the same run: the host
-    then adopts the trainer the first try started instead of refusing, or starting, a second one.
+    then adopts the trainer the first try started instead of refusing, or starting, a second one. `choice`: the
+    checkpoint chosen already (every node of a gang resumes from the one node 0's listing gave).
     """
     run_id = run_id or new_run_id(attempt)
     with timed() as clock:
-        listing = plan_list_checkpoints(target, refuse)
-        choice = pick_checkpoint(target, execute(target, listing).stdout if listing else None, before_step)
+        if choice is None:
+            choice = choose_checkpoint(target, before_step, refuse)
         if choice.name is None and target.checkpoint_dir:
             log().warning("%s: %s", target.name, describe(choice))
         checkpoint = f"{target.checkpoint_dir}/{choice.name}" if choice.name else None

@@ -58,6 +58,7 @@ from relaunch.config import Host
 
 PREFIX = "10.213"
 INNER_PREFIX = "10.214"  # links between two of our namespaces; never routed from this machine
+LAN_PREFIX = "10.215"  # the hosts' own network to each other (a bridge in a namespace of its own); never routed from here
 LOCK = Path("/tmp/relaunch-netns.lock")  # held while subnets are chosen and taken, across sessions
 
 
@@ -85,6 +86,8 @@ class NetnsHost:
     subnet: int  # the third octet: 10.213.<subnet>.0/24
     outer_netns: str | None = None  # where root_veth lives: None for this machine, else the namespace the host sits behind
     prefix: str = PREFIX
+    lan_veth: str | None = None  # the host's end of its link to the hosts' LAN, where they have one (netns_hosts(lan=True))
+    lan_address: str | None = None  # its address there: 10.215.<first host's subnet>.<index + 2>
 
     @property
     def address(self) -> str:
@@ -111,14 +114,19 @@ class NetnsHosts:
         return len(self.hosts)
 
     def down(self, i: int) -> None:
-        """Host i goes away: its end of the link goes down; nothing it had open is told."""
-        ip("-n", self.hosts[i].netns, "link", "set", "dev", self.hosts[i].host_veth, "down")
+        """Host i goes away: its end of the link goes down (of its LAN link too); nothing it had open is told."""
+        h = self.hosts[i]
+        ip("-n", h.netns, "link", "set", "dev", h.host_veth, "down")
+        if h.lan_veth:
+            ip("-n", h.netns, "link", "set", "dev", h.lan_veth, "down")
         self.gone.add(i)
 
     def up(self, i: int) -> None:
         """Host i is back on the network (its processes never stopped)."""
         h = self.hosts[i]
         ip("-n", h.netns, "link", "set", "dev", h.host_veth, "up")
+        if h.lan_veth:
+            ip("-n", h.netns, "link", "set", "dev", h.lan_veth, "up")
         self.gone.discard(i)
         # The address comes back with the link; wait until this side has its route and carrier again.
         deadline = time.monotonic() + 10
@@ -166,12 +174,31 @@ def _remove(host: NetnsHost) -> list[str]:
     return problems
 
 
+def _add_lan(net: NetnsHosts, lan_netns: str, tag: str) -> None:
+    """The hosts' own network: a bridge in namespace `lan_netns`, each host linked to it with an address on one subnet,
+    as the nodes of a cluster reach each other. This machine has no route to it."""
+    ip("netns", "add", lan_netns)
+    ip("-n", lan_netns, "link", "add", "br0", "type", "bridge")
+    ip("-n", lan_netns, "link", "set", "dev", "br0", "up")
+    subnet = net.hosts[0].subnet
+    for h in net.hosts:
+        h.lan_veth, h.lan_address = f"rl{tag}e{h.index}", f"{LAN_PREFIX}.{subnet}.{h.index + 2}"
+        switch_end = f"rl{tag}s{h.index}"
+        ip("-n", lan_netns, "link", "add", switch_end, "type", "veth", "peer", "name", h.lan_veth, "netns", h.netns)
+        ip("-n", lan_netns, "link", "set", "dev", switch_end, "master", "br0")
+        ip("-n", lan_netns, "link", "set", "dev", switch_end, "up")
+        ip("-n", h.netns, "addr", "add", f"{h.lan_address}/24", "dev", h.lan_veth)
+        ip("-n", h.netns, "link", "set", "dev", h.lan_veth, "up")
+
+
 @contextmanager
-def netns_hosts(n: int) -> Iterator[NetnsHosts]:
-    """n hosts, each in its own namespace with its own address; all removed on exit."""
+def netns_hosts(n: int, lan: bool = False) -> Iterator[NetnsHosts]:
+    """n hosts, each in its own namespace with its own address; with `lan`, also on a network of their own
+    (host.lan_address, reachable from the other hosts only). All removed on exit."""
     require_netns()
     tag = uuid.uuid4().hex[:6]
     net = NetnsHosts()
+    lan_netns = f"relaunch-{tag}-lan"
     try:
         with LOCK.open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another session choosing subnets waits until ours exist
@@ -187,11 +214,17 @@ def netns_hosts(n: int) -> Iterator[NetnsHosts]:
                 ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", host.host_veth)
                 ip("-n", host.netns, "link", "set", "dev", host.host_veth, "up")
                 ip("-n", host.netns, "link", "set", "dev", "lo", "up")
+            if lan:
+                _add_lan(net, lan_netns, tag)
             for i in range(n):
                 net.up(i)  # waits for the carrier on this side
         yield net
     finally:
         problems = [p for host in net.hosts for p in _remove(host)]
+        if lan and lan_netns in ip("netns", "list", check=False).stdout.split():
+            out = ip("netns", "del", lan_netns, check=False)  # its bridge and switch ends go with it
+            if out.returncode != 0:
+                problems.append(f"netns {lan_netns}: {out.stderr.strip()}")
         if problems:
             raise RuntimeError("could not clean up the test's network namespaces: " + "; ".join(problems))
 
@@ -218,10 +251,11 @@ class Fleet:
 
 
 @contextmanager
-def fleet_of_hosts(n: int, workdir: Path) -> Iterator[Fleet]:
-    """n hosts in namespaces, each running sshd on 10.213.i.2 with its own keys and known_hosts; all gone on exit."""
+def fleet_of_hosts(n: int, workdir: Path, lan: bool = False) -> Iterator[Fleet]:
+    """n hosts in namespaces, each running sshd on 10.213.i.2 with its own keys and known_hosts; all gone on exit.
+    With `lan`, the hosts also reach each other on a network of their own (the nodes of a multi-node run)."""
     require_sshd()
-    with netns_hosts(n) as net, ExitStack() as stack:
+    with netns_hosts(n, lan=lan) as net, ExitStack() as stack:
         fleet = Fleet(net, [], [])
         for host in net.hosts:
             folder = workdir / f"sshd-{host.index}"

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 import tests.test_fleet_failures  # noqa: E402,F401 - its rows belong to the matrix too
+import tests.test_gang  # noqa: E402,F401
 import tests.test_link_drop  # noqa: E402,F401
 import tests.test_multirank  # noqa: E402,F401
 import tests.test_never_lose_work  # noqa: E402,F401 - its rows belong to the matrix too

@@ -11,6 +11,8 @@ Faults, for tests, each real:
   stops inside `fetch_batch` (sleeping forever, alive) while every other rank waits for it inside the
   gradient all_reduce. With `--hang-marker PATH` (DEMO_HANG_MARKER) it hangs only where PATH does not exist
   yet, and creates it: the hang happens on the first launch only, as a rare stuck loader does.
+  `--hang-local-rank L` (DEMO_HANG_LOCAL_RANK) picks the rank by its local rank instead: set in one node's
+  environment only, it hangs a rank of that node whatever global rank the rendezvous gave it.
   The process group's timeout (`--pg-timeout`, 30 min by default) is long, so the waiting ranks stay in the
   collective rather than being failed by the backend's own timeout.
 - a dead rank: nothing here; the test kills a rank's process for real (SIGKILL), and torchrun ends the rest.
@@ -44,6 +46,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=10)
     p.add_argument("--resume", type=Path)
     p.add_argument("--hang-rank", type=int, default=int(env("DEMO_HANG_RANK", "-1")))
+    p.add_argument("--hang-local-rank", type=int, default=int(env("DEMO_HANG_LOCAL_RANK", "-1")))
     p.add_argument("--hang-after", type=int, default=int(env("DEMO_HANG_AFTER", "-1")))
     p.add_argument("--hang-marker", type=Path, default=Path(env("DEMO_HANG_MARKER")) if env("DEMO_HANG_MARKER") else None)
     return p.parse_args()
@@ -74,7 +77,8 @@ def synthetic_batch(generator: torch.Generator, batch: int, seq: int) -> torch.T
 
 
 def hangs_now(args: argparse.Namespace, rank: int, step: int) -> bool:
-    if rank != args.hang_rank or args.hang_after < 0 or step <= args.hang_after:
+    chosen = rank == args.hang_rank or int(os.environ.get("LOCAL_RANK", "-1")) == args.hang_local_rank >= 0
+    if not chosen or args.hang_after < 0 or step <= args.hang_after:
         return False
     if args.hang_marker is None:
         return True

@@ -1,0 +1,123 @@
+"""A target of several nodes, and the gang's verdict from its nodes' verdicts: pure, no host (tests/test_gang.py runs them)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from relaunch.config import Target, load_target
+from relaunch.diagnosis import Diagnosis, Metrics
+from relaunch.errors import ConfigError
+from relaunch.gang import NodeHealth, gang_action, judge_gang, node_targets, rendezvous_port
+from relaunch.playbook import Action
+from relaunch.verdicts import Cause, Verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+GANG = {
+    "name": "big",
+    "repo_dir": "/root/big",
+    "venv_dir": "/root/big/.venv",
+    "lock_file": "requirements.lock",
+    "log_dir": "/workspace/logs",
+    "checkpoint_dir": "/shared/checkpoints",
+    "launch_command": "torchrun --nnodes $NNODES --rdzv-backend c10d --rdzv-endpoint $RDZV_ENDPOINT train.py",
+    "env": {"OMP_NUM_THREADS": "1"},
+    "rendezvous": {"master_port": 29500, "port_range": 10},
+    "nodes": [
+        {"host": {"kind": "ssh", "hostname": "gpu-a"}, "address": "10.0.0.1"},
+        {"host": {"kind": "ssh", "hostname": "gpu-b"}, "venv_dir": "/opt/venv", "env": {"GLOO_SOCKET_IFNAME": "ib0"}},
+    ],
+}
+
+
+def test_each_node_is_a_target_of_its_own_with_its_host_its_overrides_and_a_state_folder_of_its_own():
+    a, b = node_targets(Target.model_validate(GANG))
+    assert (a.host.hostname, b.host.hostname) == ("gpu-a", "gpu-b")
+    assert (a.venv_dir, b.venv_dir) == ("/root/big/.venv", "/opt/venv")
+    assert (a.state_path, b.state_path) == ("/var/tmp/relaunch/big-node0", "/var/tmp/relaunch/big-node1")
+    assert b.env == {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "ib0"} and a.checkpoint_dir == b.checkpoint_dir
+    assert not a.nodes and not b.nodes
+
+
+def test_a_launch_gives_every_node_its_rank_and_the_same_fresh_rendezvous_at_node_0s_address():
+    target = Target.model_validate(GANG)
+    a, b = node_targets(target, run_id="20261202T150000Z-a1")
+    port = rendezvous_port(target, "20261202T150000Z-a1")
+    assert 29500 <= port < 29510
+    for rank, node in enumerate((a, b)):
+        assert node.env["NODE_RANK"] == str(rank) and node.env["NNODES"] == "2"
+        assert node.env["MASTER_ADDR"] == "10.0.0.1" and node.env["MASTER_PORT"] == str(port)
+        assert node.env["RDZV_ENDPOINT"] == f"10.0.0.1:{port}" and node.env["RDZV_ID"] == "20261202T150000Z-a1"
+    assert b.env["NODE_ADDR"] == "gpu-b", "a node without an address is reached at its host's name"
+    ports = {rendezvous_port(target, f"20261202T1500{i:02d}Z-a1") for i in range(30)}
+    assert len(ports) > 1, "launches meet at different ports"
+
+
+def test_a_target_without_nodes_is_its_own_only_node():
+    single = Target.model_validate({k: v for k, v in GANG.items() if k not in ("nodes", "rendezvous")})
+    assert node_targets(single) == [single]
+
+
+def test_two_nodes_on_one_host_with_one_state_folder_are_refused_naming_both(tmp_path):
+    data = {**GANG, "nodes": [{"host": {"kind": "ssh", "hostname": "a"}, "state_dir": "/s"}] * 2}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"nodes 0 and 1 share host root@a:22 and state folder /s"):
+        load_target(path)
+
+
+def test_the_readme_multi_node_target_file_is_a_valid_target():
+    blocks = re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    gangs = [yaml.safe_load(b) for b in blocks if "nodes:" in b]
+    assert gangs, "README.md shows a multi-node target file"
+    for data in gangs:
+        assert len(node_targets(Target.model_validate(data))) >= 2
+
+
+def node(k: int, verdict: Verdict | None, cause: Cause | None = None, summary: str = "", steps: int = 0) -> NodeHealth:
+    if verdict is None:
+        return NodeHealth(node=k, host=f"root@n{k}:22", unreachable="host unreachable: timed out")
+    d = Diagnosis(verdict=verdict, cause=cause, summary=summary or verdict.value, metrics=Metrics(steps_seen=steps))
+    return NodeHealth(node=k, host=f"root@n{k}:22", diagnosis=d)
+
+
+def test_a_rank_killed_on_one_node_is_the_gangs_crash_named_by_that_node_not_by_the_peers_that_lost_it():
+    d = judge_gang(
+        [
+            node(0, Verdict.CRASHED, Cause.DISTRIBUTED_FAILURE, "gloo: connection closed by peer"),
+            node(1, Verdict.CRASHED, Cause.KILLED, "rank 1 (local_rank 0, pid 42) died of SIGKILL"),
+        ]
+    )
+    assert (d.verdict, d.cause) == (Verdict.CRASHED, Cause.KILLED)
+    assert d.summary == "node 1 (root@n1:22): rank 1 (local_rank 0, pid 42) died of SIGKILL"
+    assert any(line.startswith("node 0 (root@n0:22): crashed (distributed_failure)") for line in d.evidence), d.evidence
+
+
+def test_a_dead_node_beside_live_ones_is_a_crash():
+    d = judge_gang([node(0, Verdict.HEALTHY, steps=9), node(1, Verdict.CRASHED, Cause.SILENT_EXIT)])
+    assert d.verdict is Verdict.CRASHED and d.summary.startswith("node 1 ")
+
+
+def test_a_node_that_cannot_be_reached_is_unknown_and_never_a_reason_to_stop_the_others():
+    d = judge_gang([node(0, Verdict.HEALTHY, steps=9), node(1, None)])
+    assert d.verdict is Verdict.UNKNOWN and d.summary == "node 1 (root@n1:22) cannot be reached: host unreachable: timed out"
+    rows = [node(0, Verdict.HEALTHY, steps=9), node(1, None)]
+    action, why = gang_action(Action.FULL_RECOVERY, "no trainer on record", rows)
+    assert action is Action.ESCALATE and why.startswith("node 1 (root@n1:22) cannot be reached") and "nothing was stopped" in why
+    assert gang_action(Action.RELAUNCH, "x", [node(0, Verdict.CRASHED), node(1, Verdict.CRASHED)]) == (Action.RELAUNCH, "x")
+
+
+def test_live_ranks_are_judged_from_the_nodes_that_print_step_lines():
+    assert judge_gang([node(0, Verdict.HEALTHY, steps=9), node(1, Verdict.STARTING)]).verdict is Verdict.HEALTHY
+    assert judge_gang([node(0, Verdict.STALLED, steps=9), node(1, Verdict.STARTING)]).verdict is Verdict.STALLED
+    assert judge_gang([node(0, Verdict.STARTING), node(1, Verdict.STARTING)]).verdict is Verdict.STARTING
+
+
+def test_a_gang_with_no_trainer_on_one_node_is_launched_again_as_a_whole():
+    d = judge_gang([node(0, Verdict.HEALTHY, steps=9), node(1, Verdict.UNKNOWN, summary="no trainer on record")])
+    assert d.verdict is Verdict.UNKNOWN and d.summary.startswith("node 1 (root@n1:22) has no trainer")
+    assert judge_gang([node(0, Verdict.FINISHED), node(1, Verdict.FINISHED)]).verdict is Verdict.FINISHED
