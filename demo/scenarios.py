@@ -34,6 +34,7 @@ class Scenario:
     description: str
     expected_cause: Cause | None  # the cause the first attempt must name
     expected_verdict: Verdict
+    nodes: int = 1  # more: a gang on hosts of their own (relaunch.demo.multinode), not prepared here
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -56,6 +57,13 @@ SCENARIOS: dict[str, Scenario] = {
             "a good compile cache damaged (its generated modules cut short; on a GPU, Triton's kernel images overwritten): the trainer dies at start-up",
             Cause.CORRUPT_CACHE,
             Verdict.CRASHED,
+        ),
+        Scenario(
+            "multi-node",
+            "a two-node torchrun gang on two hosts in network namespaces (root), the rank on the second node SIGKILLed",
+            Cause.KILLED,
+            Verdict.CRASHED,
+            nodes=2,
         ),
     ]
 }

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from relaunch import runlayout
-from relaunch.config import Node, Target, Thresholds
+from relaunch.config import Target
+from relaunch.demo.multinode import gang_target
 from relaunch.flows.recover import recover_training
 from relaunch.gang import node_targets, rendezvous_port
 from relaunch.playbook import Action
@@ -36,33 +37,12 @@ from relaunch.verdicts import Verdict
 from tests.faults import MID_STEP, case, reap, start_time, wait_for
 from tests.netns import Fleet, fleet_of_hosts
 from tests.sshd import cannot_run_here
-from tests.targets import current, shell_target, step_detail, stop_all, wait_for_exit
+from tests.targets import current, step_detail, stop_all, wait_for_exit
 from tests.test_multirank import checkpoints, descendants, environ, started_under, told, wheelhouse_or_skip
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-ROOT = Path(__file__).resolve().parent.parent
-MULTIRANK = ROOT / "demo" / "trainer" / "multirank.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-THRESHOLDS = Thresholds(
-    startup_grace_seconds=120, poll_interval_seconds=0.3, settle_timeout_seconds=120, healthy_steps=3, stall_window_floor_seconds=5
-)
-
-
-def gang_command(checkpoints: Path) -> str:
-    """torchrun on every node, meeting at node 0 (c10d) on the port of this launch; one rank per node."""
-    return " ".join(
-        [
-            str(TORCHRUN),
-            "--nnodes $NNODES --nproc-per-node 1",
-            "--rdzv-backend c10d --rdzv-endpoint $RDZV_ENDPOINT --rdzv-id $RDZV_ID",
-            # Node 0's LAN address is not among its hostname's addresses (a namespace): tell torchrun it holds the store,
-            # and give every node's agent its own address for the ranks to meet at.
-            "--rdzv-conf is_host=$(( NODE_RANK == 0 )) --local-addr $NODE_ADDR",
-            str(MULTIRANK),
-            f"--checkpoint-dir {checkpoints} --checkpoint-every 5 --step-seconds 0.05",
-        ]
-    )
 
 
 @dataclass
@@ -101,34 +81,7 @@ def gang(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> Iterator[
     folder = tmp_path_factory.mktemp("gang")
     close_all()
     with fleet_of_hosts(2, folder / "hosts", lan=True) as fleet:
-        per_node = [shell_target(folder / f"node{k}", name=f"gangnode{k}") for k in range(2)]
-        nodes = [
-            Node(
-                host=server.ssh_host(connect_timeout_seconds=3.0, command_timeout_seconds=60.0),
-                address=host.lan_address,
-                repo_dir=t.repo_dir,
-                venv_dir=t.venv_dir,
-                log_dir=t.log_dir,
-                state_dir=t.state_dir,
-                inductor_cache_dir=t.inductor_cache_dir,
-                env={"GLOO_SOCKET_IFNAME": host.lan_veth or ""},
-            )
-            for t, server, host in zip(per_node, fleet.servers, fleet.net.hosts, strict=True)
-        ]
-        ckpt = folder / "ckpt"
-        target = per_node[0].model_copy(
-            update={
-                "name": "gangtest",
-                "nodes": nodes,
-                "launch_command": gang_command(ckpt),
-                "checkpoint_dir": str(ckpt),
-                "resume_arg": "--resume {checkpoint}",
-                "env": {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
-                "find_links": [*per_node[0].find_links, wheelhouse_or_skip()],  # py-spy, offline
-                "thresholds": THRESHOLDS,
-            }
-        )
-        target = Target.model_validate(target.model_dump())
+        target = gang_target(folder, fleet, "gangtest", [wheelhouse_or_skip()])  # py-spy, offline
         gang = Gang(fleet, target, folder)
         try:
             yield gang
@@ -212,7 +165,7 @@ def test_a_gang_never_launched_gets_its_venv_rebuilt_on_every_node_reporting_nod
     assert report.verdict is Verdict.HEALTHY and report.ok, told(report)
     assert "## Nodes" in report.markdown() and "| 1 | root@" in report.markdown(), report.markdown()
     one_trainer_per_node(gang)
-    env = [environ(gang.rank_pid(k)) for k in range(2)]
+    env = [environ(gang.trainer(k)) for k in range(2)]
     assert {e["NODE_RANK"] for e in env} == {"0", "1"} and env[0]["MASTER_PORT"] == env[1]["MASTER_PORT"], env
 
 
@@ -224,7 +177,7 @@ def test_a_gang_never_launched_gets_its_venv_rebuilt_on_every_node_reporting_nod
 def test_a_rank_killed_on_node_1_is_a_crash_naming_node_1_and_the_rank_and_the_whole_gang_is_relaunched_healthy(gang: Gang):
     healthy(gang)
     victim, before = gang.rank_pid(1), [gang.runs(k) for k in range(2)]
-    old = environ(victim)
+    old = environ(gang.trainer(1))
     os.kill(victim, signal.SIGKILL)
     wait_for_exit(gang.nodes()[1], 60)  # node 1's torchrun ends on its own
     health = check_health.fn(gang.target)
@@ -242,7 +195,7 @@ def test_a_rank_killed_on_node_1_is_a_crash_naming_node_1_and_the_rank_and_the_w
     after = [gang.runs(k) for k in range(2)]
     assert all(len(a) == len(b) + 1 for a, b in zip(after, before, strict=True)), (before, after)
     one_trainer_per_node(gang)
-    new = [environ(gang.rank_pid(k)) for k in range(2)]
+    new = [environ(gang.trainer(k)) for k in range(2)]  # torchrun's own (its ranks get the store's port)
     assert new[0]["RDZV_ID"] == new[1]["RDZV_ID"] != old["RDZV_ID"], "every node meets at a fresh rendezvous"
     assert new[0]["MASTER_PORT"] == str(rendezvous_port(gang.target, current(gang.nodes()[0]))), new[0]
     resumed = step_detail(report, "launch").checkpoint

@@ -45,6 +45,7 @@ class Scenario(str, Enum):
     DIVERGED = "diverged"
     BROKEN_CHECKPOINT = "broken-checkpoint"
     CORRUPT_CACHE = "corrupt-cache"
+    MULTI_NODE = "multi-node"
 
 
 class Device(str, Enum):
@@ -158,6 +159,15 @@ def demo(
         raise typer.Exit(2)
     from relaunch.flows.recover import recover_training
 
+    if SCENARIOS[scenario].nodes > 1:
+        from relaunch.demo.multinode import broken_gang
+
+        # Its hosts are namespaces that go with it: the gang is stopped and they are removed on exit (and on Ctrl-C).
+        with _errors(), broken_gang(workdir.resolve() / scenario) as target:
+            report = _run_flow(recover_training, as_json, target=target)
+        _print_report(report, as_json)
+        _exit_for(report)
+        return
     with _errors():
         target = prepare(scenario, workdir.resolve() / scenario, device=resolve_device(device.value if device else None))
         target_file = _write_target(target, workdir.resolve() / scenario / "target.yaml")
