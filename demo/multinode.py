@@ -106,28 +106,12 @@ def trainer_pid(node: Target) -> int | None:
 
 def rank_pids(node: Target) -> list[int]:
     """The node's ranks: processes under its recorded torchrun whose environment carries torchrun's RANK."""
+    from tests.faults import descendants, environ
+
     root = trainer_pid(node)
     if root is None:
         return []
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            todo.append(child)
-            try:
-                env = (Path("/proc") / str(child) / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in env) and any(e.startswith(b"RANK=") for e in env):
-                found.append(child)
-    return found
+    return [pid for pid in descendants(root) if "RANK" in (env := environ(pid)) and "TORCHELASTIC_RUN_ID" in env]
 
 
 def _requirements() -> str | None:

@@ -26,6 +26,8 @@ from relaunch.flows.check import merge_recovery
 from relaunch.flows.common import attempt_from, publish_goodput
 from relaunch.flows.outcome import emit, report_of, result_of
 from relaunch.flows.recover import announce_verdict, host_limit_name, recover_training
+from relaunch.gang import node_targets
+from relaunch.hardware import gpu_indexes_of
 from relaunch.incidents import Incident, Sick, incidents
 from relaunch.playbook import remedy
 from relaunch.report import FleetReport, FleetRow, Report
@@ -189,12 +191,29 @@ def _announce_incident(incident: Incident, targets: list[Target]) -> None:
 
 
 def _refuse_duplicates(targets: list[Target]) -> None:
+    """Each run listed once, and no node's GPUs in two targets: every node of a gang counts as a host of its target."""
     seen: dict[tuple[str, str], str] = {}
+    gpus: dict[str, list[tuple[str, set[int] | None]]] = defaultdict(list)
     for t in targets:
-        key = (t.host.label, t.state_path)
-        if key in seen:
-            raise ValueError(f"targets {seen[key]!r} and {t.name!r} are the same run ({key[1]} on {key[0]}): list each run once")
-        seen[key] = t.name
+        for node in node_targets(t):
+            key = (node.host.label, node.state_path)
+            if key in seen:
+                raise ValueError(f"targets {seen[key]!r} and {t.name!r} are the same run ({key[1]} on {key[0]}): list each run once")
+            seen[key] = t.name
+            if node.thresholds.expected_gpus:
+                listed = gpu_indexes_of(node)
+                mine = None if listed is None else set(listed)
+                for other, theirs in gpus[node.host.label]:
+                    if other != t.name and (mine is None or theirs is None or mine & theirs):
+                        raise ValueError(
+                            f"targets {other!r} and {t.name!r} both use GPUs of {node.host.label} "
+                            f"({_gpus_text(theirs)} and {_gpus_text(mine)}): give each its own CUDA_VISIBLE_DEVICES in env"
+                        )
+                gpus[node.host.label].append((t.name, mine))
+
+
+def _gpus_text(indexes: set[int] | None) -> str:
+    return "all" if indexes is None else ",".join(map(str, sorted(indexes)))
 
 
 def _check_all(targets: list[Target], max_concurrent: int, settle_timeout_seconds: float | None) -> list[HealthResult | BaseException]:
@@ -234,6 +253,7 @@ def _row_and_report(target: Target, result: HealthResult | BaseException, recove
         polls=result.polls,
         check_seconds=result.seconds,
         message=d.summary,
+        nodes=result.nodes,
     )
     return row, report
 
@@ -246,6 +266,7 @@ def _apply_recovery(row: FleetRow, report: Report, outcome: Report | str) -> Non
         return
     merge_recovery(report, outcome)
     row.verdict, row.ok, row.message = report.verdict, report.ok, report.message
+    row.nodes = report.attempts[-1].nodes if report.attempts else row.nodes
 
 
 def _publish(fleet: FleetReport) -> None:
@@ -253,8 +274,7 @@ def _publish(fleet: FleetReport) -> None:
         return
     from prefect.artifacts import create_table_artifact
 
-    table = [{k: (v.value if hasattr(v, "value") else v) for k, v in row.model_dump().items()} for row in fleet.rows]
     try:
-        create_table_artifact(table=table, key="check-fleet", description=fleet.summary()[:500])
+        create_table_artifact(table=fleet.table(), key="check-fleet", description=fleet.summary()[:500])
     except Exception as exc:  # the report is also returned and logged
         log().warning("could not publish the fleet table: %s", exc)

@@ -140,6 +140,7 @@ class FleetRow(BaseModel):
     check_seconds: float = Field(0.0, description="Time the check waited for its verdict to settle.")
     incident: str | None = Field(None, description="The fleet incident (verdict/cause on several hosts) this target was part of.")
     message: str = ""
+    nodes: list[NodeHealth] = Field(default_factory=list, description="A run of several nodes: each node as the last check found it.")
 
 
 class FleetReport(BaseModel):
@@ -159,6 +160,30 @@ class FleetReport(BaseModel):
     @property
     def ok(self) -> bool:
         return all(r.ok for r in self.rows)
+
+    def table(self) -> list[dict[str, object]]:
+        """The fleet table: a row per target, and under a run of several nodes a row per node (`big node 1`)."""
+        out: list[dict[str, object]] = []
+        for row in self.rows:
+            line = {k: (v.value if hasattr(v, "value") else v) for k, v in row.model_dump(exclude={"nodes"}).items()}
+            out.append(line)
+            for n in row.nodes:
+                d = n.diagnosis
+                verdict = d.verdict.value if d else "unknown"
+                blank = dict.fromkeys(line, None) | {"recovered": False, "ok": verdict in ("healthy", "finished"), "polls": 0}
+                out.append(
+                    blank
+                    | {
+                        "target": f"{row.target} node {n.node}",
+                        "host": n.host,
+                        "found": verdict,
+                        "cause": d.cause.value if d and d.cause else None,
+                        "verdict": verdict,
+                        "check_seconds": 0.0,
+                        "message": d.summary if d else f"cannot be reached: {n.unreachable}",
+                    }
+                )
+        return out
 
     def summary(self) -> str:
         count: dict[str, int] = defaultdict(int)

@@ -25,20 +25,19 @@ import pytest
 
 from relaunch import runlayout
 from relaunch.config import Target
-from relaunch.demo.multinode import gang_target
-from relaunch.flows.recover import recover_training
+from relaunch.demo.multinode import gang_target, rank_pids, trainer_pid
+from relaunch.flows.fleet import check_fleet
 from relaunch.gang import node_targets, rendezvous_port
 from relaunch.playbook import Action
-from relaunch.report import Report
 from relaunch.steps import Step
 from relaunch.tasks.health import check_health
 from relaunch.transport import close_all
 from relaunch.verdicts import Verdict
-from tests.faults import MID_STEP, case, reap, start_time, wait_for
+from tests.faults import MID_STEP, case, environ, reap, start_time, wait_for
 from tests.netns import Fleet, fleet_of_hosts
 from tests.sshd import cannot_run_here
 from tests.targets import current, step_detail, stop_all, wait_for_exit
-from tests.test_multirank import checkpoints, descendants, environ, started_under, told, wheelhouse_or_skip
+from tests.test_multirank import checkpoints, recover, started_under, told, wheelhouse_or_skip
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -60,12 +59,13 @@ class Gang:
 
     def trainer(self, k: int) -> int:
         """Node k's recorded trainer (torchrun) PID."""
-        node = self.nodes()[k]
-        return int(Path(runlayout.runs_folder(node.state_path), current(node), "pid").read_text().split()[0])
+        pid = trainer_pid(self.nodes()[k])
+        assert pid is not None, f"node {k} has no run on record"
+        return pid
 
     def rank_pid(self, k: int) -> int:
         """The PID of node k's rank (torchrun's child carrying RANK)."""
-        (pid,) = [p for p in descendants(self.trainer(k)) if "RANK" in environ(p) and "TORCHELASTIC_RUN_ID" in environ(p)]
+        (pid,) = rank_pids(self.nodes()[k])
         return pid
 
     def runs(self, k: int) -> list[str]:
@@ -96,13 +96,6 @@ def gang(tmp_path_factory: pytest.TempPathFactory, prefect_harness) -> Iterator[
                 for pid in started_under(folder):
                     os.kill(pid, signal.SIGKILL)
                 close_all()
-
-
-def recover(target: Target) -> Report:
-    state = recover_training(target, return_state=True)
-    report = state.result(raise_on_failure=False)
-    assert isinstance(report, Report), f"the flow ended {state.type} without a report: {report!r}"
-    return report
 
 
 def healthy(gang: Gang) -> None:
@@ -221,6 +214,15 @@ def test_node_1_taken_off_the_network_is_unknown_for_that_node_and_node_0s_train
     finally:
         gang.fleet.up(1)
         close_all()
+
+
+def test_a_fleet_check_shows_the_gang_with_a_row_per_node_under_it(gang: Gang):
+    healthy(gang)
+    fleet = check_fleet(targets=[gang.target], recover=False)
+    (row,) = fleet.rows
+    assert row.verdict is Verdict.HEALTHY and [n.node for n in row.nodes] == [0, 1], row
+    assert [r["target"] for r in fleet.table()] == ["gangtest", "gangtest node 0", "gangtest node 1"], fleet.table()
+    assert fleet.table()[2]["host"] == gang.nodes()[1].host.label
 
 
 @case(

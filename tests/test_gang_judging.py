@@ -121,3 +121,32 @@ def test_a_gang_with_no_trainer_on_one_node_is_launched_again_as_a_whole():
     d = judge_gang([node(0, Verdict.HEALTHY, steps=9), node(1, Verdict.UNKNOWN, summary="no trainer on record")])
     assert d.verdict is Verdict.UNKNOWN and d.summary.startswith("node 1 (root@n1:22) has no trainer")
     assert judge_gang([node(0, Verdict.FINISHED), node(1, Verdict.FINISHED)]).verdict is Verdict.FINISHED
+
+
+def test_the_fleet_table_has_a_row_per_node_under_a_gang():
+    from relaunch.report import FleetReport, FleetRow
+
+    fleet = FleetReport(
+        rows=[
+            FleetRow(target="big", host="2 nodes", found=Verdict.UNKNOWN, nodes=[node(0, Verdict.HEALTHY, steps=9), node(1, None)]),
+            FleetRow(target="solo", host="local", found=Verdict.HEALTHY),
+        ]
+    )
+    table = fleet.table()
+    assert [r["target"] for r in table] == ["big", "big node 0", "big node 1", "solo"]
+    assert table[2]["verdict"] == "unknown" and table[2]["message"] == "cannot be reached: host unreachable: timed out"
+    assert all(r.keys() == table[0].keys() for r in table), "one set of columns"
+
+
+def test_a_fleet_refuses_two_targets_on_one_nodes_gpus_and_one_node_listed_twice():
+    from relaunch.flows.fleet import check_fleet
+
+    on_gpus = {**GANG, "thresholds": {"expected_gpus": 8}}
+    other = {**on_gpus, "name": "other", "nodes": [{"host": {"kind": "ssh", "hostname": "gpu-b"}, "state_dir": "/var/tmp/o"}]}
+    with pytest.raises(ValueError, match=r"targets 'big' and 'other' both use GPUs of root@gpu-b:22 \(all and all\)"):
+        check_fleet.fn(targets=[Target.model_validate(on_gpus), Target.model_validate(other)])
+    apart = {**other, "env": {"CUDA_VISIBLE_DEVICES": "0,1"}}
+    mine = {**on_gpus, "env": {"CUDA_VISIBLE_DEVICES": "2,3"}}
+    twice = {**apart, "nodes": [{"host": {"kind": "ssh", "hostname": "gpu-b"}, "state_dir": "/var/tmp/relaunch/big-node1"}]}
+    with pytest.raises(ValueError, match=r"targets 'big' and 'other' are the same run \(/var/tmp/relaunch/big-node1 on root@gpu-b:22\)"):
+        check_fleet.fn(targets=[Target.model_validate(mine), Target.model_validate(twice)])

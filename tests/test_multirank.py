@@ -35,7 +35,7 @@ from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
 from relaunch.verdicts import Cause, Verdict
-from tests.faults import MID_STEP, ONE, case, group_members, live_trainers, reap, start_time, wait_for
+from tests.faults import MID_STEP, ONE, case, descendants, environ, group_members, live_trainers, reap, start_time, wait_for
 from tests.sshd import cannot_run_here
 from tests.targets import current, runs, shell_target, step_detail, wait_for_exit
 
@@ -68,36 +68,6 @@ def multirank_command(checkpoints: Path, *extra: str, device: str = "cpu", torch
 
 # ---------------------------------------------------------------------------------------------
 # Processes of the run relaunch recorded
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if fields and fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
 def recorded(target: Target, name: str) -> int:

@@ -416,6 +416,8 @@ def fleet(
             print(
                 f"{row.target:<24} {row.host:<32} {(row.verdict.value if row.verdict else 'error'):<10} {'recovered' if row.recovered else '':<9} {row.message}"
             )
+            for n in row.nodes:  # a run of several nodes: a row per node under it
+                print(f"  {n.line()}")
         print(result.summary())
     raise typer.Exit(0 if all(r.verdict is not None and r.verdict.is_fine() for r in result.rows) else 1)
 
