@@ -16,7 +16,7 @@ from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_ledger
 from relaunch.flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
-from relaunch.gang import gang_action, gang_label, node_targets
+from relaunch.gang import gang_action, gang_label, gang_run_id, indexed, replacement
 from relaunch.goodput import observe, payload_of
 from relaunch.gpufaults import bus_key
 from relaunch.hardware import gpu_indexes_of
@@ -42,13 +42,14 @@ from relaunch.tasks.warm_cache import warm_cache
 from relaunch.verdicts import Cause, Verdict
 
 
-def each(step: Any, nodes: list[Target], *args: Any, **kwargs: Any) -> list[StepRecord]:
-    """One step on every node: a run of one node runs it as before; a gang runs it on all nodes at once (Prefect task
-    runs in threads) and waits for all, so the next step begins on no node before this one ended on every node."""
-    if len(nodes) == 1:
-        return [_record(step(nodes[0], *args, **kwargs))]
-    futures = [step.submit(node, *args, **kwargs) for node in nodes]
-    return [_record(f.result()).model_copy(update={"node": k}) for k, f in enumerate(futures)]
+def each(step: Any, nodes: list[tuple[int | None, Target]], *args: Any, **kwargs: Any) -> list[StepRecord]:
+    """One step on every node (relaunch.gang.indexed): a run of one node runs it as before; a gang runs it on all its
+    nodes at once (Prefect task runs in threads) and waits for all, so the next step begins on no node before this one
+    ended on every node."""
+    if nodes and nodes[0][0] is None:
+        return [_record(step(nodes[0][1], *args, **kwargs))]
+    futures = [(k, step.submit(node, *args, **kwargs)) for k, node in nodes]
+    return [_record(f.result()).model_copy(update={"node": k}) for k, f in futures]
 
 
 def _record(result: StepRecord | tuple[Any, StepRecord]) -> StepRecord:
@@ -56,12 +57,20 @@ def _record(result: StepRecord | tuple[Any, StepRecord]) -> StepRecord:
     return result[1] if isinstance(result, tuple) else result
 
 
-def run_steps(target: Target, action: Action, health: HealthResult, attempt: int) -> tuple[list[StepRecord], str | None]:
+def run_steps(
+    target: Target, action: Action, health: HealthResult, attempt: int, members: list[int] | None = None
+) -> tuple[list[StepRecord], str | None]:
+    """The action's steps, in order; on a gang, each on every node of `members` (the nodes to launch) at once, the stop
+    also on every node of the current launch that answers."""
     steps: list[StepRecord] = []
     # Names fixed here, not in the steps: a step retried after a dropped connection finds what its first try made.
     stamp = utc_stamp()
     run_id = new_run_id(attempt, stamp=stamp)
-    nodes = node_targets(target)
+    nodes = indexed(target, nodes=members)
+    running = [n.node for n in health.nodes if n.member and n.diagnosis is not None]
+    stopping = indexed(target, nodes=sorted(set(members or []) | set(running))) if target.nodes else nodes
+    if target.nodes:
+        run_id = gang_run_id(run_id, [k for k, _ in nodes if k is not None])
     planned = steps_for(action, health.snapshot.unfinished_steps)
     before_step, refuse = resume_constraints(health.diagnosis)
     for step in planned:
@@ -69,14 +78,14 @@ def run_steps(target: Target, action: Action, health: HealthResult, attempt: int
             # Asked before the run is stopped: a repo mid-rebase or mid-merge, or a checkpoint folder the launch would
             # refuse, fails the recovery while the run goes on.
             if Step.RESTORE_CODE in planned:
-                for node in nodes:
+                for _, node in nodes:
                     check_restorable(node)
             if Step.LAUNCH in planned:
-                check_resumable(nodes[0], before_step)
+                check_resumable(nodes[0][1], before_step)
         if step is Step.BUILD_VENV:
             steps += each(build_venv, nodes, stamp=stamp)
         elif step is Step.STOP:
-            steps += each(stop, nodes)
+            steps += each(stop, stopping)
         elif step is Step.REBUILD_VENV:
             steps += each(rebuild_venv, nodes, stamp=stamp)
         elif step is Step.INSTALL_PACKAGE:
@@ -87,22 +96,24 @@ def run_steps(target: Target, action: Action, health: HealthResult, attempt: int
             # A cache the trainer died loading is kept aside for a person to look at, never removed.
             steps += each(warm_cache, nodes, keep_aside=health.diagnosis.cause is Cause.CORRUPT_CACHE)
         elif step is Step.CAPTURE_STACKS:
-            steps += _stacks(target, nodes, health)
+            steps += _stacks(target, health)
         elif target.nodes:
             # Every node resumes from the one checkpoint node 0's listing gives, and meets at a fresh rendezvous.
-            choice = choose_checkpoint(nodes[0], before_step, refuse)
-            steps += each(launch, node_targets(target, run_id=run_id), attempt, before_step, refuse, run_id, choice)
+            choice = choose_checkpoint(nodes[0][1], before_step, refuse)
+            launching = indexed(target, run_id=run_id, nodes=[k for k, _ in nodes if k is not None])
+            steps += each(launch, launching, attempt, before_step, refuse, run_id, choice)
         else:
             _, record = launch(target, attempt, before_step=before_step, refuse=refuse, run_id=run_id)
             steps.append(record)
     return steps, run_id if Step.LAUNCH in planned else None
 
 
-def _stacks(target: Target, nodes: list[Target], health: HealthResult) -> list[StepRecord]:
+def _stacks(target: Target, health: HealthResult) -> list[StepRecord]:
     """Every node's stacks, each from its own last snapshot (a node polled by none is skipped)."""
     if not target.nodes:
         return [capture_stacks(target, health.snapshot)]
-    futures = {k: capture_stacks.submit(nodes[k], snap) for k, snap in sorted(health.node_snapshots.items())}
+    members = [n.node for n in health.nodes if n.member and n.node in health.node_snapshots]
+    futures = {k: capture_stacks.submit(node, health.node_snapshots[k]) for k, node in indexed(target, nodes=members)}
     return [f.result().model_copy(update={"node": k}) for k, f in futures.items()]
 
 
@@ -117,27 +128,37 @@ def recover_training(target: Target, force: bool = False) -> Report:
     run_ctx = FlowRunContext.get()
     flow_run = str(run_ctx.flow_run.id) if run_ctx and run_ctx.flow_run else ""
     tag_flow_run(target)
-    nodes = node_targets(target)
     with untagged_tasks():
         first = checked(target, 1) if target.nodes else None
-        if first is not None and (first.diagnosis.verdict.is_fine() and not force or any(n.diagnosis is None for n in first.nodes)):
-            # A gang that is fine, or has a node that cannot be reached, is neither prepared nor locked: nothing will
-            # be done on any node (relaunch.gang.gang_action), and an unreachable node would fail the preflight.
+        if first is not None and nothing_to_do(target, first, force):
+            # A gang that is fine, or whose current launch has a node that cannot be reached with no way to run without
+            # it, is neither prepared nor locked: nothing will be done on any node (relaunch.gang.gang_action).
             report = _recover(target, force, report, flow_run, first)
         else:
+            # Every node that answers (a node that cannot be reached would fail the preflight; it is left out).
+            nodes = indexed(target, nodes=None if first is None else [n.node for n in first.nodes if n.diagnosis is not None])
             # Preflight only reads: it runs before the lock, so bad input creates nothing at all.
             report.preflight += each(preflight, nodes)
             # Server-side: one recovery per host across all workers (a no-op where no limit exists).
             # Host-side: the lock folder, which also holds with no server at all. A gang's nodes are locked in one
             # order (host, then state folder), so two recoveries sharing nodes never each hold a lock the other wants.
             with ExitStack() as held:
-                for node in sorted(nodes, key=lambda n: (n.host.label, n.state_path)):
+                for _, node in sorted(nodes, key=lambda kn: (kn[1].host.label, kn[1].state_path)):
                     held.enter_context(host_slot(node))
                     held.enter_context(target_lock(node, flow_run))
                 report.preflight += each(stop_leftovers, nodes)
                 report = _recover(target, force, report, flow_run)
     announce(target, report)
     return final_state(report)  # type: ignore[return-value]
+
+
+def nothing_to_do(target: Target, health: HealthResult, force: bool) -> bool:
+    """A gang that is fine (and no --force), or whose launch lacks a node that cannot be replaced: no node is touched."""
+    if health.diagnosis.verdict.is_fine() and not force:
+        return True
+    members = [n.node for n in health.nodes if n.member]
+    lost = any(n.member and n.diagnosis is None for n in health.nodes)
+    return lost and replacement(target, health.nodes, members)[0] is None
 
 
 def announce(target: Target, report: Report) -> None:
@@ -241,7 +262,7 @@ def _attempts(
         gpus = target_gpus(gpu_indexes_of(target), target.thresholds.expected_gpus)
         placement = place(ledger, health.snapshot.gpu_health, gpus, target.spare_gpus, target.min_gpus)
         action, why = across_nights(action, why, health.diagnosis, storm if number == 1 else None, placement)
-        action, why = gang_action(action, why, health.nodes)
+        action, why, members = gang_action(action, why, health.nodes, target)
         running = on_gpus(target, placement.visible)
         attempt = attempt_from(number, health, action, why)
         if number == 1 and night is not None:
@@ -270,7 +291,7 @@ def _attempts(
             )
         history.append(health.diagnosis)
         try:
-            attempt.steps, attempt.run_id = run_steps(running, action, health, number)
+            attempt.steps, attempt.run_id = run_steps(running, action, health, number, members)
         except RelaunchError as exc:
             # The report still reaches the UI and the exception: which attempt, which step, what the host said.
             publish(report.finish(f"attempt {number} ({action.value}) failed: {exc}"))

@@ -212,6 +212,10 @@ class Node(_Model):
         None, pattern=r"^[A-Za-z0-9_-]+$", description="This node's tmux session, where it differs (two nodes on one machine)."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Environment added on this node only (e.g. GLOO_SOCKET_IFNAME).")
+    spare: bool = Field(
+        False,
+        description="Held in reserve: launched only in place of a node that cannot be reached (its venv, code and cache made first).",
+    )
 
     @field_validator("repo_dir", "venv_dir", "log_dir", "state_dir", "inductor_cache_dir", "checkpoint_dir")
     @classmethod
@@ -239,6 +243,13 @@ class Rendezvous(_Model):
         le=10000,
         description="Each launch takes a port in [master_port, master_port + port_range), chosen from its run id, and RDZV_ID is the "
         "run id: a relaunch never meets the last launch's rendezvous (nor a port it left in TIME_WAIT).",
+    )
+
+    min_nodes: int | None = Field(
+        None,
+        ge=1,
+        description="The fewest nodes the trainer accepts (its launch_command takes NNODES, e.g. torchrun --nnodes $NNODES or MIN:MAX): "
+        "with too few spares, a node that cannot be reached is left out if at least this many remain; None: the world is fixed.",
     )
 
     @model_validator(mode="after")
@@ -392,6 +403,11 @@ class Target(_Model):
 
     @model_validator(mode="after")
     def _nodes_are_apart(self) -> Target:
+        working = sum(not n.spare for n in self.nodes)
+        if self.nodes and not working:
+            raise ValueError("every node is a spare: at least one node must be launched (spare: false)")
+        if self.nodes and self.rendezvous.min_nodes is not None and self.rendezvous.min_nodes > working:
+            raise ValueError(f"rendezvous.min_nodes is {self.rendezvous.min_nodes} but only {working} nodes are launched (not spare)")
         seen: dict[tuple[str, str], int] = {}
         for k, node in enumerate(self.nodes):
             where = (node.host.label, node.state_dir or f"{DEFAULT_STATE_ROOT}/{self.name}-node{k}")

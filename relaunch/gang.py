@@ -8,6 +8,7 @@ about it. docs/multinode.md says it in words.
 from __future__ import annotations
 
 import hashlib
+import re
 
 from pydantic import BaseModel, Field
 
@@ -27,6 +28,8 @@ class NodeHealth(BaseModel):
     host: str = Field(description="The node's host label.")
     diagnosis: Diagnosis | None = Field(None, description="The node's own verdict; None where it could not be reached.")
     unreachable: str | None = Field(None, description="Why the node could not be reached (the transport's error), if it could not.")
+    run_id: str | None = Field(None, description="The node's current run on record (a gang's launch names its nodes in it).")
+    member: bool = Field(True, description="Part of the gang's current launch; False: a spare, or a node left out of it.")
 
     @property
     def name(self) -> str:
@@ -34,10 +37,11 @@ class NodeHealth(BaseModel):
 
     def line(self) -> str:
         """`node 1 (root@10.0.0.2:22): crashed (killed): rank 1 ...`: the node's row as one line."""
+        out = "" if self.member else " (not in the current launch)"
         if self.diagnosis is None:
-            return f"{self.name}: unknown: cannot be reached: {self.unreachable}"
+            return f"{self.name}{out}: unknown: cannot be reached: {self.unreachable}"
         d = self.diagnosis
-        return f"{self.name}: {d.verdict.value}{f' ({d.cause.value})' if d.cause else ''}: {d.summary}"
+        return f"{self.name}{out}: {d.verdict.value}{f' ({d.cause.value})' if d.cause else ''}: {d.summary}"
 
 
 def gang_label(target: Target) -> str:
@@ -45,6 +49,51 @@ def gang_label(target: Target) -> str:
     if not target.nodes:
         return target.host.label
     return f"{len(target.nodes)} nodes: " + ", ".join(n.host.label for n in target.nodes)
+
+
+MEMBERS = re.compile(r"-nodes(\d+(?:_\d+)*)$")
+
+
+def gang_run_id(run_id: str, members: list[int]) -> str:
+    """A gang's launch names its nodes in its run id (`...-a1-nodes0_2`): every node that has it on record says who launched."""
+    return f"{run_id}-nodes{'_'.join(map(str, members))}"
+
+
+def launched_members(run_id: str | None) -> list[int] | None:
+    found = MEMBERS.search(run_id or "")
+    return [int(k) for k in found.group(1).split("_")] if found else None
+
+
+def working_nodes(target: Target) -> list[int]:
+    """The nodes launched when nothing says otherwise: every node that is not a spare."""
+    return [k for k, n in enumerate(target.nodes) if not n.spare]
+
+
+def current_members(target: Target, nodes: list[NodeHealth]) -> list[int]:
+    """Who the gang's current launch is: the nodes named by the newest gang run id on record on any node that answered
+    (run ids begin with their UTC time), else the working nodes."""
+    named = sorted((n.run_id for n in nodes if launched_members(n.run_id) is not None), reverse=True)
+    members = launched_members(named[0]) if named else None
+    return [k for k in members if k < len(target.nodes)] if members else working_nodes(target)
+
+
+def replacement(target: Target, nodes: list[NodeHealth], members: list[int]) -> tuple[list[int] | None, str]:
+    """The nodes to launch when members cannot be reached: the members that answer, spares that answer in place of the
+    others, and, short of spares, a smaller world of at least rendezvous.min_nodes; None where neither is possible."""
+    answer = {n.node for n in nodes if n.diagnosis is not None}
+    gone = [k for k in members if k not in answer]
+    kept = [k for k in members if k in answer]
+    spares = [k for k in range(len(target.nodes)) if k not in members and k in answer and target.nodes[k].spare]
+    chosen = sorted(kept + spares[: len(gone)])
+    names = ", ".join(f"node {k}" for k in gone)
+    into = [k for k in chosen if k not in members]
+    if len(chosen) == len(members):
+        return chosen, f"{names} cannot be reached: {', '.join(f'node {k}' for k in into)} (spare) launched in its place"
+    least = target.rendezvous.min_nodes
+    if least is not None and len(chosen) >= least:
+        extra = f", with spare {', '.join(f'node {k}' for k in into)}" if into else ""
+        return chosen, f"{names} cannot be reached: relaunched without it on {len(chosen)} nodes (rendezvous.min_nodes {least}){extra}"
+    return None, ""
 
 
 def rendezvous_port(target: Target, run_id: str) -> int:
@@ -71,7 +120,7 @@ def node_targets(target: Target, run_id: str | None = None, nodes: list[int] | N
         env = {**target.env, **node.env}
         if run_id is not None:
             env.update(rendezvous_env(target, k, run_id, chosen))
-        overrides = {f: v for f, v in node.model_dump(exclude={"host", "address", "env"}).items() if v is not None}
+        overrides = {f: v for f, v in node.model_dump(exclude={"host", "address", "env", "spare"}).items() if v is not None}
         out.append(
             Target.model_validate(
                 {
@@ -85,6 +134,14 @@ def node_targets(target: Target, run_id: str | None = None, nodes: list[int] | N
             )
         )
     return out
+
+
+def indexed(target: Target, run_id: str | None = None, nodes: list[int] | None = None) -> list[tuple[int | None, Target]]:
+    """node_targets with each node's rank in the target's `nodes` (None for a run of one node)."""
+    if not target.nodes:
+        return [(None, target)]
+    chosen = list(range(len(target.nodes))) if nodes is None else nodes
+    return list(zip(chosen, node_targets(target, run_id, chosen), strict=True))
 
 
 def rendezvous_env(target: Target, k: int, run_id: str, chosen: list[int]) -> dict[str, str]:
@@ -101,13 +158,15 @@ def rendezvous_env(target: Target, k: int, run_id: str, chosen: list[int]) -> di
     }
 
 
-def judge_gang(nodes: list[NodeHealth]) -> Diagnosis:
-    """The run's verdict from every node's: a dead rank anywhere is the run's crash (named by node), a node that cannot be
-    reached is `unknown` and named (never a reason by itself to stop the others), and live ranks are judged from the
-    nodes whose logs carry step lines (rank 0's, as a rule): none stepping is stalled."""
+def judge_gang(everyone: list[NodeHealth]) -> Diagnosis:
+    """The run's verdict from its nodes' (those of the current launch; spares and nodes left out are only listed): a dead
+    rank anywhere is the run's crash (named by node), a node that cannot be reached is `unknown` and named (never a
+    reason by itself to stop the others), and live ranks are judged from the nodes whose logs carry step lines (rank
+    0's, as a rule): none stepping is stalled."""
+    nodes = [n for n in everyone if n.member]
     reached = [n for n in nodes if n.diagnosis is not None]
     gone = [n for n in nodes if n.diagnosis is None]
-    others = lambda first: [n.line() for n in nodes if n is not first]  # noqa: E731
+    others = lambda first: [n.line() for n in everyone if n is not first]  # noqa: E731
     for verdict in (Verdict.UNMANAGED, Verdict.CRASHED):
         hit = [n for n in reached if n.diagnosis and n.diagnosis.verdict is verdict]
         if hit:
@@ -151,15 +210,30 @@ def _named(node: NodeHealth, others: list[str], prefix: bool = True) -> Diagnosi
     return d.model_copy(update={"summary": summary, "evidence": [*d.evidence, *others]})
 
 
-def gang_action(action: Action, why: str, nodes: list[NodeHealth]) -> tuple[Action, str]:
-    """What the playbook said, unless a node cannot be reached: then nothing is stopped or launched anywhere, and the
-    node is named for a person."""
-    gone = [n for n in nodes if n.diagnosis is None]
-    if not gone or action in (Action.NONE, Action.ESCALATE):
-        return action, why
+def gang_action(action: Action, why: str, nodes: list[NodeHealth], target: Target | None = None) -> tuple[Action, str, list[int] | None]:
+    """What the playbook said, and the nodes to act on (None: a run of one node). Where a node of the current launch
+    cannot be reached, nothing is stopped or launched anywhere and the node is named for a person, unless spares or a
+    smaller world (rendezvous.min_nodes) let the gang run without it: then it is relaunched without it (a spare
+    joining is given the full procedure: its venv, code and cache made first). A full recovery with every working node
+    answering launches the working nodes again (a node left out earlier rejoins)."""
+    if target is None or not target.nodes:
+        return action, why, None
+    members = [n.node for n in nodes if n.member] or working_nodes(target)
+    gone = [n for n in nodes if n.member and n.diagnosis is None]
+    answer = {n.node for n in nodes if n.diagnosis is not None}
+    if not gone and action is Action.FULL_RECOVERY and set(working_nodes(target)) <= answer:
+        # The full procedure brings the configured world back: a node left out earlier, answering again, rejoins.
+        return action, why, working_nodes(target)
+    if not gone or action is Action.NONE:
+        return action, why, members
+    chosen, how = replacement(target, nodes, members)
+    if chosen is not None and action is not Action.ESCALATE:
+        joined = any(k not in members for k in chosen)
+        return Action.FULL_RECOVERY if joined else Action.RELAUNCH, f"{how}; {why}", chosen
     names = ", ".join(n.name for n in gone)
     return (
         Action.ESCALATE,
         f"{names} cannot be reached ({gone[0].unreachable}): nothing was stopped or launched on any node; bring it back "
-        "(or take it out of the target's nodes and the trainer's world), then recover",
+        "(or list a spare node, or set rendezvous.min_nodes), then recover",
+        members,
     )

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from relaunch.config import Target
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
 from relaunch.errors import CommandFailed, StateFolderTaken, TransportError
-from relaunch.gang import NodeHealth, judge_gang, node_targets
+from relaunch.gang import NodeHealth, current_members, judge_gang, node_targets
 from relaunch.goodput import Observation
 from relaunch.hardware import gpu_indexes_of
 from relaunch.plans.health import plan_snapshot
@@ -115,7 +115,8 @@ def stepping_toward_a_verdict(last: Verdict | None, progress: Progress) -> bool:
 
 def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:
     """Every node polled in parallel, one round trip each per poll (a node's poll returns the moment its trainer dies);
-    the gang's verdict is relaunch.gang.judge_gang of all of theirs. A node that cannot be reached is said, not retried.
+    the gang's verdict is relaunch.gang.judge_gang of those of its current launch (spares and nodes left out are listed,
+    not judged). A node that cannot be reached is said, not retried.
     Runs started by hand are not adopted on a node of a gang: such a node says unmanaged."""
     t = target.thresholds
     nodes = node_targets(target)
@@ -131,7 +132,7 @@ def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None
             return NodeHealth(node=k, host=node.host.label, unreachable=str(exc).splitlines()[0]), None
         progress[k] = advance(progress[k], snap, t)
         d = diagnose(snap, t, progress[k], min_free_disk_gb=node.min_free_disk_gb, gpu_indexes=gpu_indexes_of(node))
-        return NodeHealth(node=k, host=node.host.label, diagnosis=d), snap
+        return NodeHealth(node=k, host=node.host.label, diagnosis=d, run_id=snap.run_id), snap
 
     with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="relaunch-node-poll") as pool:
         wait = 0.0
@@ -140,6 +141,8 @@ def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None
             wait = min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
             polls += 1
             rows = [row for row, _ in found]
+            members = current_members(target, rows)
+            rows = [row.model_copy(update={"member": row.node in members}) for row in rows]
             snaps = {row.node: snap for row, snap in found if snap is not None}
             diagnosis = judge_gang(rows)
             if last is None or diagnosis.verdict is not last:

@@ -27,6 +27,7 @@ from relaunch import runlayout
 from relaunch.config import Target
 from relaunch.demo.multinode import gang_target, rank_pids, trainer_pid
 from relaunch.flows.fleet import check_fleet
+from relaunch.flows.recover import recover_training
 from relaunch.gang import node_targets, rendezvous_port
 from relaunch.playbook import Action
 from relaunch.steps import Step
@@ -214,6 +215,30 @@ def test_node_1_taken_off_the_network_is_unknown_for_that_node_and_node_0s_train
     finally:
         gang.fleet.up(1)
         close_all()
+
+
+def test_with_min_nodes_a_node_off_the_network_is_left_out_of_a_smaller_relaunch_and_a_full_recovery_brings_it_back(gang: Gang):
+    healthy(gang)
+    t = gang.target
+    smaller = Target.model_validate({**t.model_dump(), "rendezvous": {**t.rendezvous.model_dump(), "min_nodes": 1}})
+    gang.fleet.down(1)
+    try:
+        report = recover(smaller)
+        first = report.attempts[0]
+        assert (first.verdict, first.action) == (Verdict.UNKNOWN, Action.RELAUNCH), told(report)
+        assert "node 1 cannot be reached: relaunched without it on 1 nodes (rendezvous.min_nodes 1)" in first.why, told(report)
+        assert [(s.step, s.node) for s in first.steps] == [(Step.STOP, 0), (Step.LAUNCH, 0)], told(report)
+        assert report.verdict is Verdict.HEALTHY and report.ok, told(report)
+        assert environ(gang.trainer(0))["NNODES"] == "1", "node 0 runs a world of one"
+        assert [n.member for n in report.attempts[-1].nodes] == [True, False], told(report)
+    finally:
+        gang.fleet.up(1)
+        close_all()
+    state = recover_training(smaller, force=True, return_state=True)
+    back = state.result(raise_on_failure=False)
+    assert back.attempts[0].action is Action.FULL_RECOVERY and back.verdict is Verdict.HEALTHY, told(back)
+    assert {s.node for s in back.attempts[0].steps if s.step is Step.LAUNCH} == {0, 1}, told(back)
+    one_trainer_per_node(gang)
 
 
 def test_a_fleet_check_shows_the_gang_with_a_row_per_node_under_it(gang: Gang):

@@ -11,7 +11,7 @@ import yaml
 from relaunch.config import Target, load_target
 from relaunch.diagnosis import Diagnosis, Metrics
 from relaunch.errors import ConfigError
-from relaunch.gang import NodeHealth, gang_action, judge_gang, node_targets, rendezvous_port
+from relaunch.gang import NodeHealth, current_members, gang_action, gang_run_id, judge_gang, node_targets, rendezvous_port
 from relaunch.playbook import Action
 from relaunch.verdicts import Cause, Verdict
 
@@ -106,9 +106,10 @@ def test_a_node_that_cannot_be_reached_is_unknown_and_never_a_reason_to_stop_the
     d = judge_gang([node(0, Verdict.HEALTHY, steps=9), node(1, None)])
     assert d.verdict is Verdict.UNKNOWN and d.summary == "node 1 (root@n1:22) cannot be reached: host unreachable: timed out"
     rows = [node(0, Verdict.HEALTHY, steps=9), node(1, None)]
-    action, why = gang_action(Action.FULL_RECOVERY, "no trainer on record", rows)
+    target = Target.model_validate(GANG)
+    action, why, _ = gang_action(Action.FULL_RECOVERY, "no trainer on record", rows, target)
     assert action is Action.ESCALATE and why.startswith("node 1 (root@n1:22) cannot be reached") and "nothing was stopped" in why
-    assert gang_action(Action.RELAUNCH, "x", [node(0, Verdict.CRASHED), node(1, Verdict.CRASHED)]) == (Action.RELAUNCH, "x")
+    assert gang_action(Action.RELAUNCH, "x", [node(0, Verdict.CRASHED), node(1, Verdict.CRASHED)], target) == (Action.RELAUNCH, "x", [0, 1])
 
 
 def test_live_ranks_are_judged_from_the_nodes_that_print_step_lines():
@@ -150,3 +151,38 @@ def test_a_fleet_refuses_two_targets_on_one_nodes_gpus_and_one_node_listed_twice
     twice = {**apart, "nodes": [{"host": {"kind": "ssh", "hostname": "gpu-b"}, "state_dir": "/var/tmp/relaunch/big-node1"}]}
     with pytest.raises(ValueError, match=r"targets 'big' and 'other' are the same run \(/var/tmp/relaunch/big-node1 on root@gpu-b:22\)"):
         check_fleet.fn(targets=[Target.model_validate(mine), Target.model_validate(twice)])
+
+
+def spared(**rendezvous: int) -> Target:
+    spare = {"host": {"kind": "ssh", "hostname": "gpu-c"}, "spare": True}
+    return Target.model_validate({**GANG, "nodes": [*GANG["nodes"], spare], "rendezvous": {**GANG["rendezvous"], **rendezvous}})
+
+
+def test_a_spare_is_launched_in_place_of_a_node_that_cannot_be_reached_with_its_venv_made_first():
+    target = spared()
+    rows = [node(0, Verdict.HEALTHY, steps=9), node(1, None), node(2, Verdict.UNKNOWN).model_copy(update={"member": False})]
+    action, why, members = gang_action(Action.FULL_RECOVERY, "no trainer", rows, target)
+    assert (action, members) == (Action.FULL_RECOVERY, [0, 2]) and why.startswith("node 1 cannot be reached: node 2 (spare) launched"), why
+    assert judge_gang(rows).summary.startswith("node 1 "), "a spare that is not launched is not judged"
+
+
+def test_short_of_spares_a_smaller_world_is_launched_if_min_nodes_allows_else_the_node_is_escalated():
+    rows = [node(0, Verdict.HEALTHY, steps=9), node(1, None), node(2, None).model_copy(update={"member": False})]
+    action, why, members = gang_action(Action.FULL_RECOVERY, "x", rows, spared(min_nodes=1))
+    assert (action, members) == (Action.RELAUNCH, [0]) and "relaunched without it on 1 nodes (rendezvous.min_nodes 1)" in why
+    action, why, members = gang_action(Action.FULL_RECOVERY, "x", rows, spared())
+    assert action is Action.ESCALATE and "nothing was stopped or launched" in why
+
+
+def test_the_current_launch_is_the_newest_gang_run_on_record_and_a_full_recovery_brings_the_world_back():
+    target = spared(min_nodes=1)
+    old, new = gang_run_id("20261202T100000Z-a1", [0, 1]), gang_run_id("20261202T110000Z-a1", [0])
+    rows = [
+        node(0, Verdict.HEALTHY, steps=9).model_copy(update={"run_id": new}),
+        node(1, Verdict.CRASHED).model_copy(update={"run_id": old}),
+    ]
+    assert current_members(target, rows) == [0]
+    rows[1] = rows[1].model_copy(update={"member": False})
+    assert judge_gang(rows).verdict is Verdict.HEALTHY, "a node left out of the current launch is listed, not judged"
+    assert gang_action(Action.FULL_RECOVERY, "x", rows, target)[2] == [0, 1]
+    assert current_members(target, [node(0, Verdict.UNKNOWN), node(1, Verdict.UNKNOWN)]) == [0, 1], "never launched: the working nodes"
