@@ -27,7 +27,7 @@ from typing import Any
 
 from relaunch import runlayout
 from relaunch.config import Node, Target, Thresholds
-from relaunch.gang import node_targets
+from relaunch.gang import gang_run_id, node_targets, working_nodes
 from relaunch.runfiles import new_run_id
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
@@ -176,7 +176,7 @@ def _launch(target: Target) -> None:
     for node in node_targets(target):
         _user_venv(node, ["tinyjunk==0.1.0"])  # the lock: a venv as built before
     say("launching the gang: torchrun --nnodes 2 on both hosts (c10d rendezvous, gloo)")
-    run_id = new_run_id(0)
+    run_id = gang_run_id(new_run_id(0), working_nodes(target))  # the launch names its nodes, as a recovery's does
     for node in node_targets(target, run_id=run_id):
         launch.fn(node, 0, run_id=run_id)
     deadline = time.monotonic() + 180

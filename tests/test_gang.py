@@ -283,3 +283,23 @@ def test_a_rank_hung_on_node_1_is_stalled_with_both_nodes_stacks_kept_then_the_g
     assert order.index(Step.STOP) > max(i for i, s in enumerate(order) if s is Step.CAPTURE_STACKS), order
     assert report.verdict is Verdict.HEALTHY and report.ok, told(report)
     one_trainer_per_node(gang)
+
+
+def test_the_cli_shows_every_nodes_commands_in_a_dry_run_stops_every_node_and_refuses_one_host_commands(gang: Gang):
+    import yaml
+
+    healthy(gang)
+    path = gang.folder / "gang.yaml"
+    path.write_text(yaml.safe_dump(gang.target.model_dump(mode="json", exclude_defaults=True)))
+    relaunch = str(Path(sys.executable).parent / "relaunch")
+    dry = subprocess.run([relaunch, "recover", "--dry-run", str(path)], capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert "# ---- node 1" in dry.stdout and f"over ssh to {gang.nodes()[1].host.route}" in dry.stdout, dry.stdout[:2000]
+    logs = subprocess.run([relaunch, "logs", str(path)], capture_output=True, text=True, timeout=60)
+    assert logs.returncode == 2 and "runs on 2 nodes: `relaunch logs` takes one host" in logs.stderr, logs.stderr
+    trainers = [gang.trainer(k) for k in range(2)]
+    out = subprocess.run([relaunch, "stop", "--yes", str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("node 0 (root@"), (out.stdout, out.stderr)
+    assert not [pid for pid in trainers if start_time(pid)], "every node's trainer stopped"
+    health = check_health.fn(gang.target)
+    assert health.diagnosis.verdict is Verdict.STOPPED and len(health.nodes) == 2, health.diagnosis

@@ -199,11 +199,45 @@ def _write_target(target: Any, path: Path) -> Path:
     return path
 
 
+def one_host(target: Any, command: str) -> Any:
+    """The commands that take one host refuse a gang (exit 2) rather than act on its unused `host`."""
+    if target.nodes:
+        raise ConfigError(
+            f"{target.name} runs on {len(target.nodes)} nodes: `relaunch {command}` takes one host; check, recover, stop and "
+            "fleet take the gang (docs/multinode.md)"
+        )
+    return target
+
+
+def _where(target: Any) -> str:
+    from relaunch.gang import gang_label
+
+    return gang_label(target)
+
+
 def _stop(target: Any, grace_seconds: float | None = None, deliberate: bool = False) -> Any:
+    """The stop on the target's host; on a gang, on every node (all at once), one result saying each node's output and
+    the first failing exit code."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relaunch.commands import Result
+    from relaunch.gang import indexed
     from relaunch.plans.stop import plan_stop
     from relaunch.transport import run, transport_for
 
-    return run(transport_for(target.host), plan_stop(target, grace_seconds, deliberate=deliberate), check=False)
+    def one(node: Any) -> Result:
+        return run(transport_for(node.host), plan_stop(node, grace_seconds, deliberate=deliberate), check=False)
+
+    nodes = indexed(target)
+    if nodes[0][0] is None:
+        return one(target)
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        results = list(pool.map(one, [node for _, node in nodes]))
+    return Result(
+        exit_code=next((r.exit_code for r in results if r.exit_code != 0), 0),
+        stdout="\n".join(f"node {k} ({node.host.label}): {r.stdout.strip()}" for (k, node), r in zip(nodes, results, strict=True)),
+        stderr="\n".join(r.stderr for r in results if r.stderr),
+    )
 
 
 @app.command()
@@ -328,20 +362,17 @@ def stop(
     leave the target stopped until `relaunch recover`. Waits for its GPU memory to be released."""
     with _errors():
         target = load_target(target_file)
-    _confirm(f"Stop {target.name} on {target.host.label}? Checks leave it stopped until `relaunch recover`.", yes)
+    where = _where(target)
+    _confirm(f"Stop {target.name} on {where}? Checks leave it stopped until `relaunch recover`.", yes)
     with _errors():
         result = _stop(target, grace_seconds, deliberate=True)
     if as_json:
-        print(
-            json.dumps(
-                {"target": target.name, "host": target.host.label, "exit_code": result.exit_code, "output": result.stdout.strip()}, indent=2
-            )
-        )
+        print(json.dumps({"target": target.name, "host": where, "exit_code": result.exit_code, "output": result.stdout.strip()}, indent=2))
     else:
         print(result.stdout.strip() or "nothing to stop")
     if result.exit_code != 0:
         print(
-            f"relaunch: the stop ({target.state_path}) on {target.host.label} exited {result.exit_code}: {result.tail}\n"
+            f"relaunch: the stop ({target.state_path}) on {where} exited {result.exit_code}: {result.tail}\n"
             "  what to do: look at the processes it names (ps -o pid,stat,wchan,cmd -p PID), end them by hand, and stop again",
             file=sys.stderr,
         )
@@ -362,7 +393,7 @@ def adopt(
     from relaunch.tasks.adopt import adopt_run
 
     with _errors():
-        adoption = adopt_run(load_target(target_file), log)
+        adoption = adopt_run(one_host(load_target(target_file), "adopt"), log)
     if as_json:
         print(json.dumps(adoption.model_dump(mode="json"), indent=2))
     else:
@@ -381,7 +412,7 @@ def logs(
     from relaunch.cli.logview import follow_log, log_path_of, tail_lines
 
     with _errors():
-        target = load_target(target_file)
+        target = one_host(load_target(target_file), "logs")
         path = log_path_of(target)
         print(f"==> {path} on {target.host.label} <==", file=sys.stderr)
         offset = tail_lines(target, path, lines, sys.stdout)
@@ -551,7 +582,7 @@ def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target Y
     from relaunch.tasks.rollback_venv import rollback_venv
 
     with _errors():
-        step = rollback_venv.fn(load_target(target_file))
+        step = rollback_venv.fn(one_host(load_target(target_file), "rollback-venv"))
     print(f"restored {step.detail.restored_from}; the replaced venv is kept as {step.detail.rolled_back_to}")
 
 
@@ -568,7 +599,7 @@ def doctor(
     from relaunch.plans.doctor import passed, render
 
     with _errors():
-        target = load_target(target_file)
+        target = one_host(load_target(target_file), "doctor")
         checks = examine(target, configured_api_url())
     if as_json:
         print(

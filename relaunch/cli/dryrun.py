@@ -39,6 +39,17 @@ def shown(command: Command) -> str:
 
 
 def render(target: Target) -> str:
+    """Every node's commands, in turn, for a gang (each node's steps run at once with the others')."""
+    from relaunch.gang import indexed
+
+    nodes = indexed(target)
+    if nodes[0][0] is None:
+        return _render_one(target)
+    head = f"# {target.name}: {len(nodes)} nodes; each step runs on every node at once, the stop on all before any launch"
+    return "\n\n".join([head, *(f"# ---- node {k}\n" + _render_one(node) for k, node in nodes)])
+
+
+def _render_one(target: Target) -> str:
     layers = shlex.join(host_argv(Command(("CMD",)), target.host.container, 1)).replace("'exec CMD'", "CMD")
     where = "here" if target.host.kind == "local" else f"over ssh to {target.host.route}"
     lines = [
