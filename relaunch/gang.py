@@ -19,6 +19,8 @@ from relaunch.verdicts import Cause, Verdict
 
 # Worst first: the verdict a gang whose live nodes disagree takes from the nodes that print step lines.
 ALIVE_ORDER = (Verdict.STALLED, Verdict.DIVERGED, Verdict.DEGRADED, Verdict.STARTING, Verdict.HEALTHY)
+# Causes a node's crash takes when it only followed a peer's, least likely to be the first failure last.
+KNOCK_ON = (Cause.ERROR, Cause.DISTRIBUTED_FAILURE)
 
 
 class NodeHealth(BaseModel):
@@ -170,8 +172,10 @@ def judge_gang(everyone: list[NodeHealth]) -> Diagnosis:
     for verdict in (Verdict.UNMANAGED, Verdict.CRASHED):
         hit = [n for n in reached if n.diagnosis and n.diagnosis.verdict is verdict]
         if hit:
-            # A node whose ranks failed because a peer went (a lost collective) is the knock-on, not the cause.
-            first = next((n for n in hit if n.diagnosis and n.diagnosis.cause is not Cause.DISTRIBUTED_FAILURE), hit[0])
+            # A node whose ranks failed because a peer went is the knock-on, not the cause: a lost collective says so
+            # (distributed_failure), and so, as a rule, does a plain exit 1 (gloo's "connection closed by peer" raised in
+            # the rank) beside a node whose rank was killed or crashed by itself. Ties go to the lowest node.
+            first = min(hit, key=lambda n: KNOCK_ON.index(n.diagnosis.cause) if n.diagnosis and n.diagnosis.cause in KNOCK_ON else -1)
             return _named(first, others(first))
     if gone:
         first = gone[0]

@@ -97,6 +97,14 @@ def test_a_rank_killed_on_one_node_is_the_gangs_crash_named_by_that_node_not_by_
     assert any(line.startswith("node 0 (root@n0:22): crashed (distributed_failure)") for line in d.evidence), d.evidence
 
 
+def test_a_peer_that_exited_1_after_losing_its_collective_is_not_taken_for_the_node_whose_rank_was_killed():
+    # As the multi-node demo saw it: node 0's rank raised gloo's "Connection closed by peer" (exit 1, `error`).
+    d = judge_gang([node(0, Verdict.CRASHED, Cause.ERROR, "rank 0 exited 1"), node(1, Verdict.CRASHED, Cause.KILLED, "rank 1 died")])
+    assert d.summary == "node 1 (root@n1:22): rank 1 died" and d.cause is Cause.KILLED
+    both = judge_gang([node(0, Verdict.CRASHED, Cause.ERROR, "a"), node(1, Verdict.CRASHED, Cause.ERROR, "b")])
+    assert both.summary.startswith("node 0 "), "a tie goes to the lowest node"
+
+
 def test_a_dead_node_beside_live_ones_is_a_crash():
     d = judge_gang([node(0, Verdict.HEALTHY, steps=9), node(1, Verdict.CRASHED, Cause.SILENT_EXIT)])
     assert d.verdict is Verdict.CRASHED and d.summary.startswith("node 1 ")
