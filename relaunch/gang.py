@@ -79,22 +79,32 @@ def current_members(target: Target, nodes: list[NodeHealth]) -> list[int]:
     return [k for k in members if k < len(target.nodes)] if members else working_nodes(target)
 
 
+def usable(n: NodeHealth) -> bool:
+    """A node that can be launched on: it answers, and its own verdict is no GPU fault (never relaunched onto)."""
+    return n.diagnosis is not None and n.diagnosis.cause is not Cause.GPU_FAULT
+
+
+def why_lost(n: NodeHealth) -> str:
+    return "cannot be reached" if n.diagnosis is None else "has a GPU fault"
+
+
 def replacement(target: Target, nodes: list[NodeHealth], members: list[int]) -> tuple[list[int] | None, str]:
-    """The nodes to launch when members cannot be reached: the members that answer, spares that answer in place of the
-    others, and, short of spares, a smaller world of at least rendezvous.min_nodes; None where neither is possible."""
-    answer = {n.node for n in nodes if n.diagnosis is not None}
-    gone = [k for k in members if k not in answer]
-    kept = [k for k in members if k in answer]
-    spares = [k for k in range(len(target.nodes)) if k not in members and k in answer and target.nodes[k].spare]
+    """The nodes to launch when members are lost (cannot be reached, or a GPU failed): the members left, spares that can
+    be launched in place of the others, and, short of spares, a smaller world of at least rendezvous.min_nodes; None
+    where neither is possible."""
+    ok = {n.node for n in nodes if usable(n)}
+    gone = [n for n in nodes if n.node in members and n.node not in ok]
+    kept = [k for k in members if k in ok]
+    spares = [k for k in range(len(target.nodes)) if k not in members and k in ok and target.nodes[k].spare]
     chosen = sorted(kept + spares[: len(gone)])
-    names = ", ".join(f"node {k}" for k in gone)
+    names = ", ".join(f"node {n.node} {why_lost(n)}" for n in gone)
     into = [k for k in chosen if k not in members]
     if len(chosen) == len(members):
-        return chosen, f"{names} cannot be reached: {', '.join(f'node {k}' for k in into)} (spare) launched in its place"
+        return chosen, f"{names}: {', '.join(f'node {k}' for k in into)} (spare) launched in its place"
     least = target.rendezvous.min_nodes
     if least is not None and len(chosen) >= least:
         extra = f", with spare {', '.join(f'node {k}' for k in into)}" if into else ""
-        return chosen, f"{names} cannot be reached: relaunched without it on {len(chosen)} nodes (rendezvous.min_nodes {least}){extra}"
+        return chosen, f"{names}: relaunched without it on {len(chosen)} nodes (rendezvous.min_nodes {least}){extra}"
     return None, ""
 
 
@@ -216,24 +226,30 @@ def _named(node: NodeHealth, others: list[str], prefix: bool = True) -> Diagnosi
 
 def gang_action(action: Action, why: str, nodes: list[NodeHealth], target: Target | None = None) -> tuple[Action, str, list[int] | None]:
     """What the playbook said, and the nodes to act on (None: a run of one node). Where a node of the current launch
-    cannot be reached, nothing is stopped or launched anywhere and the node is named for a person, unless spares or a
-    smaller world (rendezvous.min_nodes) let the gang run without it: then it is relaunched without it (a spare
-    joining is given the full procedure: its venv, code and cache made first). A full recovery with every working node
-    answering launches the working nodes again (a node left out earlier rejoins)."""
+    cannot be reached, nothing is stopped or launched anywhere and the node is named for a person; a node whose GPU
+    failed is escalated naming it (the playbook's gpu_fault). Unless spares or a smaller world (rendezvous.min_nodes)
+    let the gang run without the lost node: then it is relaunched without it (a spare joining is given the full
+    procedure: its venv, code and cache made first). A full recovery with every working node usable launches the
+    working nodes again (a node left out earlier rejoins)."""
     if target is None or not target.nodes:
         return action, why, None
     members = [n.node for n in nodes if n.member] or working_nodes(target)
-    gone = [n for n in nodes if n.member and n.diagnosis is None]
-    answer = {n.node for n in nodes if n.diagnosis is not None}
-    if not gone and action is Action.FULL_RECOVERY and set(working_nodes(target)) <= answer:
-        # The full procedure brings the configured world back: a node left out earlier, answering again, rejoins.
+    lost = [n for n in nodes if n.node in members and not usable(n)]
+    ok = {n.node for n in nodes if usable(n)}
+    if not lost and action is Action.FULL_RECOVERY and set(working_nodes(target)) <= ok:
+        # The full procedure brings the configured world back: a node left out earlier, usable again, rejoins.
         return action, why, working_nodes(target)
-    if not gone or action is Action.NONE:
+    if not lost or action is Action.NONE:
         return action, why, members
     chosen, how = replacement(target, nodes, members)
-    if chosen is not None and action is not Action.ESCALATE:
+    # An escalation is overridden only where it is for the lost node's own GPU fault.
+    for_lost_gpu = action is Action.ESCALATE and judge_gang(nodes).cause is Cause.GPU_FAULT
+    if chosen is not None and (action is not Action.ESCALATE or for_lost_gpu):
         joined = any(k not in members for k in chosen)
         return Action.FULL_RECOVERY if joined else Action.RELAUNCH, f"{how}; {why}", chosen
+    gone = [n for n in lost if n.diagnosis is None]
+    if not gone:
+        return action, why, members
     names = ", ".join(n.name for n in gone)
     return (
         Action.ESCALATE,

@@ -194,3 +194,20 @@ def test_the_current_launch_is_the_newest_gang_run_on_record_and_a_full_recovery
     assert judge_gang(rows).verdict is Verdict.HEALTHY, "a node left out of the current launch is listed, not judged"
     assert gang_action(Action.FULL_RECOVERY, "x", rows, target)[2] == [0, 1]
     assert current_members(target, [node(0, Verdict.UNKNOWN), node(1, Verdict.UNKNOWN)]) == [0, 1], "never launched: the working nodes"
+
+
+def test_a_node_whose_gpu_failed_is_escalated_naming_it_or_replaced_by_a_spare_and_never_taken_back_by_a_full_recovery():
+    gpu = node(1, Verdict.CRASHED, Cause.GPU_FAULT, "GPU 3 (0000:9b:00.0) fell off the bus")
+    rows = [
+        node(0, Verdict.CRASHED, Cause.DISTRIBUTED_FAILURE, "lost its peer"),
+        gpu,
+        node(2, Verdict.UNKNOWN).model_copy(update={"member": False}),
+    ]
+    escalated = gang_action(Action.ESCALATE, "a GPU failed", rows, Target.model_validate(GANG))
+    assert escalated[0] is Action.ESCALATE and judge_gang(rows).summary.startswith("node 1 (root@n1:22): GPU 3")
+    action, why, members = gang_action(Action.ESCALATE, "a GPU failed", rows, spared())
+    assert (action, members) == (Action.FULL_RECOVERY, [0, 2]) and why.startswith("node 1 has a GPU fault: node 2 (spare)"), why
+    later = [node(0, Verdict.HEALTHY, steps=9), gpu.model_copy(update={"member": False}), node(2, Verdict.HEALTHY)]
+    assert gang_action(Action.FULL_RECOVERY, "x", later, spared())[2] == [0, 2], "the node whose GPU failed is not launched again"
+    disk = [node(0, Verdict.CRASHED, Cause.DISK_FULL), node(1, None)]
+    assert gang_action(Action.ESCALATE, "disk full", disk, spared(min_nodes=1))[0] is Action.ESCALATE, "another escalation stands"
