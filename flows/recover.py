@@ -143,8 +143,11 @@ def recover_training(target: Target, force: bool = False) -> Report:
             # Host-side: the lock folder, which also holds with no server at all. A gang's nodes are locked in one
             # order (host, then state folder), so two recoveries sharing nodes never each hold a lock the other wants.
             with ExitStack() as held:
+                slots: set[str] = set()  # one slot per host: two nodes on one machine take its slot once
                 for _, node in sorted(nodes, key=lambda kn: (kn[1].host.label, kn[1].state_path)):
-                    held.enter_context(host_slot(node))
+                    if host_limit_name(node) not in slots:
+                        slots.add(host_limit_name(node))
+                        held.enter_context(host_slot(node))
                     held.enter_context(target_lock(node, flow_run))
                 report.preflight += each(stop_leftovers, nodes)
                 report = _recover(target, force, report, flow_run)
