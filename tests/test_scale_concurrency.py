@@ -1,6 +1,7 @@
 """Recoveries of one host through the scale-out control plane (scripts/scale_demo.py's engine: PostgreSQL, Redis lease
 storage, a Prefect server, two process workers, SSH hosts in network namespaces) never overlap and never start a second
 trainer: not when two deployment runs race on two workers, and not when the worker holding the host dies mid-recovery.
+And what the runs remember across nights (docs/nights.md: Prefect Variables) is one history, whichever worker ran them.
 
 The evidence is the server's history (each recover-training run's task runs: from its first step after the host's slot
 and lock to its last) and the host's own records (launch records, and the trainers still running by recorded PID).
@@ -172,3 +173,49 @@ def test_a_worker_killed_mid_recovery_frees_the_host_within_a_lease_and_a_later_
     finally:
         sd._stop_trainers([target])
         engine.start_worker(holder)  # two workers again for whatever runs next on this engine
+
+
+def test_the_nights_of_one_crashing_target_recovered_on_two_workers_are_one_history_whose_third_return_is_a_restart_storm(engine):
+    from relaunch.tasks.launch import launch
+    from relaunch.tasks.memory import history_variable
+    from tests.targets import runs, stop_all, wait_for_exit
+
+    host = engine.fleet.servers[0].ssh_host(connect_timeout_seconds=5.0, command_timeout_seconds=60.0)
+    target = shell_target(engine.workdir / "tests" / "storm", name="storm", host=host)
+    # Each night the run crashes for real (exit 3 at step 2); each recovery relaunches it without the fault, healthy.
+    crashing = target.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}})
+    nights, workers, stopped = [], [], None
+    try:
+        for night in range(3):
+            stop_all(target)
+            launch.fn(crashing, 1)
+            wait_for_exit(target)
+            if night == 1:
+                # The second night must land on the other worker: the one that ran the first is away for it.
+                stopped = workers[0]
+                engine.stop_worker(stopped)
+            nights.append(run_recovery(engine, target, f"night{night}"))
+            engine.wait_runs(nights[-1:], 240)
+            workers.append(engine.worker_of(nights[-1]))  # read now: a restarted worker starts a new log
+            if stopped is not None and engine.workers[stopped] is None:
+                engine.start_worker(stopped)
+        ran = engine.wait_runs(nights, 5)
+        saved = engine.call(lambda c: c.read_variable_by_name(history_variable(target)).value)
+        launches = len(runs(target))
+    finally:
+        stop_all(target)
+        if stopped is not None and engine.workers[stopped] is None:
+            engine.start_worker(stopped)
+        engine.wait_workers_online()
+    first, second, third = ran
+    assert [first.state.name, second.state.name] == ["Completed", "Completed"], [(r.name, r.state.message) for r in ran]
+    assert None not in workers[:2] and workers[0] != workers[1], f"nights 1 and 2 on two workers: {workers}\n{engine.submissions()}"
+    assert third.state.name == "Failed", third.state.message
+    message = third.state.message
+    assert ": restart storm: crashed/error returned 3 times within 72 h, each time from no checkpoint" in message, message
+    assert message.count("ended healthy") == 2, f"the storm names both earlier nights, recovered on two workers: {message}"
+    assert launches == 5, "3 crashed launches and 2 relaunches: none on the third night"
+    assert [n["flow_run"] for n in saved["nights"]] == [str(r.id) for r in ran], (
+        "each worker's run wrote its night where the others read it"
+    )
+    assert [n["ended"] for n in saved["nights"]] == ["healthy", "healthy", "crashed"], saved
