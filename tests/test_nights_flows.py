@@ -19,6 +19,7 @@ from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
 from relaunch.ledger import Ledger
 from relaunch.playbook import Action
+from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.memory import history_variable, read_ledger, write_ledger
 from relaunch.transport import close_all
@@ -27,7 +28,7 @@ from tests.faults import RELAUNCH, ROOT, cli_env, wait_for
 from tests.netns import Fleet, fleet_of_hosts
 from tests.targets import runs, shell_target, stop_all, wait_for_exit
 from tests.test_fleet_failures import XID, dmesg_printing, host_commands, launched_and_exited, made, recover, told, trainer  # noqa: F401
-from tests.test_netns_fleet import stopping, targets_on
+from tests.test_netns_fleet import fleet, stopping, targets_on  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -174,3 +175,40 @@ def test_one_crash_on_two_hosts_at_once_is_one_incident_and_the_second_recovery_
     assert state.is_failed() and "2 of 2 targets not healthy" in state.message
     (event,) = wait_for(lambda: incident_events(since), 30, "the incident's event on the server")
     assert event.resource["relaunch.hosts"] == ",".join(hosts) and event.resource["relaunch.targets"] == "host0,host1", event
+
+
+def test_two_hosts_cut_off_at_once_are_one_partition_incident_untouched_while_the_crashed_trainer_of_a_third_is_recovered(
+    tmp_path, fleet: Fleet
+):
+    targets = targets_on(fleet, tmp_path)
+    sick = targets[2]
+    since = datetime.now(UTC)
+    with stopping(fleet, targets):
+        before = {t.name: launch.fn(t, 1)[0].run_id for t in targets[:2]}
+        # Crashes for real (exit 3 at step 2); the relaunch, without the fault's environment, keeps running.
+        launch.fn(sick.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}}), 1)
+        wait_for_exit(sick)
+        fleet.down(0)
+        fleet.down(1)
+        state = check_fleet(targets, recover=True, max_concurrent=3, return_state=True)
+        report = state.result(raise_on_failure=False)
+        for i in (0, 1):
+            fleet.up(i)
+        alive = [collect_snapshot(t).pid_alive for t in targets[:2]]
+        launches = {t.name: runs(t) for t in targets}
+    hosts = [h.address for h in fleet.net.hosts]
+    (incident,) = report.incidents
+    assert incident.startswith(f"one incident: unreachable on 2 hosts ({hosts[0]}, {hosts[1]}) within "), incident
+    assert "nothing is stopped or launched on them" in incident
+    cut, recovered = report.rows[:2], report.rows[2]
+    assert [(r.incident, r.found, r.recovered) for r in cut] == [("unreachable", None, False)] * 2, cut
+    assert all(r.message.startswith("check failed: TransportError: on root@") for r in cut), [r.message for r in cut]
+    assert (recovered.found, recovered.recovered, recovered.verdict, recovered.incident) == (Verdict.CRASHED, True, Verdict.HEALTHY, None)
+    assert [launches[t.name] for t in targets[:2]] == [[before[t.name]] for t in targets[:2]] and alive == [True, True], (
+        "nothing was stopped or launched on the hosts cut off: their trainers ran on through it"
+    )
+    assert len(launches[sick.name]) == 2, "the crashed run was relaunched once, on its own host"
+    assert state.is_failed() and "2 of 3 targets not healthy" in state.message and incident in state.message, state.message
+    (event,) = wait_for(lambda: incident_events(since), 30, "the incident's event on the server")
+    assert event.resource["relaunch.hosts"] == f"{hosts[0]},{hosts[1]}" and event.resource["relaunch.verdict"] == "unreachable", event
+    assert event.resource["relaunch.targets"] == "host0,host1", event
