@@ -67,7 +67,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
                 progress, last, fresh = Progress(), None, True
                 continue
         progress = advance(progress, snap, t)
-        diagnosis = diagnose(snap, t, progress, min_free_disk_gb=target.min_free_disk_gb, gpu_indexes=gpu_indexes_of(target))
+        diagnosis = diagnose(snap, t, progress, min_free_disk_gb=target.min_free_disk_gb, gpu_indexes=gpu_indexes_of(target, snap))
         if last is None or diagnosis.verdict is not last:
             log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
             last = diagnosis.verdict

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from relaunch.flows.check import check_training
 from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
 from relaunch.ledger import Ledger
@@ -32,14 +33,19 @@ from tests.test_netns_fleet import fleet, stopping, targets_on  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-# Fails as a process on a failed GPU does ($1: a public capture) when it is given GPU 0; steps on any other GPU.
+# Fails as a process on a failed GPU does ($1: a public capture) when it is given GPU 0; steps on any other GPU, and
+# fails the same way there once the file $2 (when given) is there.
 GPU0_FAILS = """#!/usr/bin/env bash
 if [ "$CUDA_VISIBLE_DEVICES" = 0 ]; then
   for i in 1 2 3; do echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s)"; done
   cat -- "$1"
   exit 1
 fi
-for i in $(seq 1 100000); do echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s)"; sleep 0.2; done
+for i in $(seq 1 100000); do
+  echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s)"
+  [ -n "$2" ] && [ -e "$2" ] && { cat -- "$1"; exit 1; }
+  sleep 0.2
+done
 """
 
 
@@ -127,6 +133,31 @@ def test_a_gpu_that_failed_is_ledgered_swapped_for_the_spare_and_never_given_bac
     assert cleared.returncode == 0 and cleared.stdout.startswith("cleared GPU 0 (PCI 00000000:00:06.0"), cleared.stdout + cleared.stderr
     with client() as c:
         assert read_ledger(c, t.host.hostname).gpus == []
+
+
+@pytest.mark.usefixtures("empty_ledger")
+def test_the_nightly_check_judges_a_run_on_the_gpus_its_recovery_placed_it_on_not_the_ledgered_one_of_its_settings(
+    made,
+    tmp_path,
+    monkeypatch,  # noqa: F811
+):
+    # The kernel keeps GPU 0's Xid 79 in its ring buffer for the whole test: it is about GPU 0 only (PCI 00:06).
+    host_commands(tmp_path / "bin", monkeypatch, dmesg_printing(XID / "xid79_journal.txt"), nvidia_smi=True)
+    gate = tmp_path / "crash-now"
+    command = f"bash {trainer(tmp_path, 'gpu0_fails.sh', GPU0_FAILS)} {XID / 'cuda_unspecified_launch_failure.log'} {gate}"
+    t = made(launch_command=command, env={"CUDA_VISIBLE_DEVICES": "0"}, spare_gpus=[1])
+    launched_and_exited(t)
+    night1 = recover(t)
+    assert night1.ok and "relaunched on GPUs 1" in night1.attempts[0].why, told(night1)
+
+    # The next day the run on GPU 1 dies of a CUDA error of its own; GPU 0's old Xid is another GPU's business.
+    gate.touch()
+    wait_for_exit(t, 60)
+    state = check_training(t, return_state=True)
+    report = state.result(raise_on_failure=False)
+    (first,) = report.attempts
+    assert first.verdict is Verdict.CRASHED and first.cause is not Cause.GPU_FAULT, told(report)
+    assert not any("00:06" in line or "Xid" in line for line in first.evidence), told(report)
 
 
 @pytest.fixture
