@@ -213,7 +213,8 @@ def test_hosts_that_cannot_be_reached_within_the_window_are_one_partition_apart_
 
 def test_one_unreachable_host_is_no_incident_and_a_sick_target_on_a_partitioned_host_is_cut_off_from_recovery():
     assert incidents([unreachable(0, "a", 0), sick(1, "b", 0)], window_minutes=10) == []
-    everyone = [unreachable(0, "a", 0), unreachable(1, "b", 0), sick(2, "a", 0, Cause.ERROR), sick(3, "c", 0, Cause.CUDA_OOM)]
+    # Host a's crash and host c's would be one incident, host a's recovered first: cut off, it is neither.
+    everyone = [unreachable(0, "a", 0), unreachable(1, "b", 0), sick(2, "a", 0, Cause.ERROR), sick(3, "c", 0, Cause.ERROR)]
     (partition,) = incidents(everyone, window_minutes=10)
     assert cut_off([partition], everyone) == {2: partition}, "host a's crashed target is held; host c's is recovered"
 
