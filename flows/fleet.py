@@ -28,7 +28,7 @@ from relaunch.flows.outcome import emit, report_of, result_of
 from relaunch.flows.recover import announce_verdict, host_limit_name, recover_training
 from relaunch.gang import node_targets
 from relaunch.hardware import gpu_indexes_of
-from relaunch.incidents import Incident, Sick, incidents
+from relaunch.incidents import Incident, Sick, cut_off, incidents
 from relaunch.playbook import remedy
 from relaunch.report import FleetReport, FleetRow, Report
 from relaunch.tasks.common import log
@@ -75,17 +75,18 @@ def check_fleet(
         rows[i], reports[i] = _row_and_report(target, result, recover)
 
     sick = [i for i, row in rows.items() if row.found is not None and row.found.needs_recovery()]
+    unreachable = [i for i, result in enumerate(results) if isinstance(result, BaseException)]
     start = time.monotonic()
     # Found and announced with --check-only too: a person hears of one incident, not of each host.
-    found = incidents(_sick(targets, results, rows, sick), incident_window_minutes, incident_min_hosts)
-    held = {m.index for incident in found for m in incident.members[1:]}
+    candidates = _sick(targets, results, rows, sick + unreachable)
+    found = incidents(candidates, incident_window_minutes, incident_min_hosts)
     for incident in found:
         _announce_incident(incident, targets)
         fleet.incidents.append(incident.summary())
         for m in incident.members:
             rows[m.index].incident = incident.label
     if recover:
-        _recover_after_incidents(targets, sick, held, found, rows, reports, max_concurrent)
+        _recover_after_incidents(targets, sick, cut_off(found, candidates), found, rows, reports, max_concurrent)
     fleet.recovery_phase_seconds = round(time.monotonic() - start, 3)
     fleet.rows = [rows[i] for i in range(len(targets))]
     fleet.reports = [reports[i] for i in range(len(targets))]
@@ -99,7 +100,8 @@ def check_fleet(
     sick = [
         f"{r.target}: {r.verdict.value if r.verdict else 'check failed'}" for r in fleet.rows if not (r.verdict and r.verdict.is_fine())
     ]
-    return Failed(message=f"{len(sick)} of {fleet.targets} targets not healthy: {', '.join(sick)}"[:480], data=fleet)  # type: ignore[return-value]
+    message = "; ".join([f"{len(sick)} of {fleet.targets} targets not healthy: {', '.join(sick)}", *fleet.incidents])
+    return Failed(message=message[:480], data=fleet)  # type: ignore[return-value]
 
 
 def fleet_report(
@@ -118,16 +120,23 @@ def fleet_report(
 def _recover_after_incidents(
     targets: list[Target],
     sick: list[int],
-    held: set[int],
+    cut: dict[int, Incident],
     found: list[Incident],
     rows: dict[int, FleetRow],
     reports: dict[int, Report],
     max_concurrent: int,
 ) -> None:
-    """Every sick target not held first (each incident's first among them); an incident's others once its first is healthy."""
+    """Every sick target not held first (each incident's first among them); an incident's others once its first is
+    healthy. Nothing on a host of an unreachable incident (`cut`): its targets are held while it lasts."""
+    held = set(cut) | {m.index for incident in found if not incident.unreachable for m in incident.members[1:]}
     _recover_rows(targets, [i for i in sick if i not in held], rows, reports, max_concurrent)
+    for i, incident in cut.items():
+        rows[i].message = f"held: {targets[i].host.hostname} is part of {incident.summary()}"
+        reports[i].message = rows[i].message
     for incident in found:
-        first, waiting = incident.members[0], [m.index for m in incident.members[1:]]
+        if incident.unreachable:
+            continue
+        first, waiting = incident.members[0], [m.index for m in incident.members[1:] if m.index not in cut]
         if rows[first.index].ok:
             # The one recovered first came back healthy: the shared cause is gone, the others may follow.
             _recover_rows(targets, waiting, rows, reports, max_concurrent)
@@ -155,7 +164,8 @@ def _recover_rows(
 
 
 def _sick(targets: list[Target], results: list[HealthResult | BaseException], rows: dict[int, FleetRow], sick: list[int]) -> list[Sick]:
-    """The sick targets as incidents are found among: each failure dated by its log's last write (the check's end else)."""
+    """The sick and unreachable targets as incidents are found among: each failure dated by its log's last write (the
+    check's end else; an unreachable host's row has no verdict)."""
     checked_at = datetime.now(UTC)
     out = []
     for i in sick:
@@ -183,7 +193,7 @@ def _announce_incident(incident: Incident, targets: list[Target]) -> None:
         first,
         None,
         cause=incident.cause.value if incident.cause else None,
-        verdict=incident.verdict.value,
+        verdict=incident.verdict.value if incident.verdict else incident.label,
         hosts=",".join(incident.hosts),
         targets=",".join(m.target for m in incident.members),
         summary=incident.summary()[:400],

@@ -259,7 +259,7 @@ def _attempts(
             health.diagnosis, history, left, force=force and number == 1, unfinished=health.snapshot.unfinished_steps
         )
         if health.diagnosis.cause is Cause.GPU_FAULT:
-            found = gpu_faults(health.snapshot, gpu_indexes_of(running))
+            found = gpu_faults(health.snapshot, gpu_indexes_of(running, health.snapshot))
             faults += [f for f in found if all(bus_key(f.bus_id) != bus_key(g.bus_id) for g in faults)]
             ledger = ledger.with_faults(found, datetime.now(UTC), target.name, night.flow_run if night else "")
         gpus = target_gpus(gpu_indexes_of(target), target.thresholds.expected_gpus)

@@ -47,12 +47,17 @@ def gpu_fault_evidence(snap: HealthSnapshot, expected_gpus: int, gpu_indexes: li
     return lines
 
 
-def gpu_indexes_of(target: Target) -> list[int] | None:
-    """The target's GPUs from CUDA_VISIBLE_DEVICES in its env: kernel lines about other GPUs are another job's.
+def gpu_indexes_of(target: Target, snap: HealthSnapshot | None = None) -> list[int] | None:
+    """The target's GPUs from CUDA_VISIBLE_DEVICES: kernel lines about other GPUs are another job's. The value the
+    current run was launched with where the poll read its run record (`snap`): a recovery may have placed it on other
+    GPUs than the target's own setting (a spare, off a GPU in the ledger); else the target's env.
 
     None (every GPU of the host counts as the target's) when unset, or when it names GPUs by UUID or MIG
     instance: the poll knows GPUs by index only."""
-    value = target.env.get("CUDA_VISIBLE_DEVICES")
+    if snap is not None and snap.launched_gpus is not None:
+        value = None if snap.launched_gpus == "-" else snap.launched_gpus
+    else:
+        value = target.env.get("CUDA_VISIBLE_DEVICES")
     parts = [p.strip() for p in value.split(",")] if value is not None else []
     return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None
 

@@ -138,6 +138,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         disks=parse_disks(sections["disk"]),
         log_mtime_epoch=mtime,
         checkpoint=fields.get("checkpoint") or None,
+        launched_gpus=fields.get("launched_gpus") or None,
         unfinished_steps=fields.get("unfinished", "").split(),
         stopped_at=number_or_none(fields.get("stopped_at"), float),
         state_owner=fields.get("state_owner") or None,

@@ -48,6 +48,10 @@ class HealthSnapshot(BaseModel):
     kernel_readable: bool | None = Field(None, description="dmesg could be read (None: not asked, the trainer was alive).")
     disks: list[DiskFree] = Field(default_factory=list, description="Free space where logs, checkpoints and shared memory live.")
     checkpoint: str | None = Field(None, description="The checkpoint this attempt was launched with, from its run record.")
+    launched_gpus: str | None = Field(
+        None,
+        description="CUDA_VISIBLE_DEVICES this attempt was launched with, from its run record ('-': none set; None: no record read).",
+    )
     log_mtime_epoch: float | None = Field(None, description="When the log was last written, host clock, seconds since the epoch.")
     state_owner: str | None = Field(None, description="STATE/target names another target: nothing else was read (the poll refuses).")
     stopped_at: float | None = Field(

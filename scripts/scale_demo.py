@@ -852,8 +852,18 @@ def _deploy(engine: Engine) -> None:
 
 
 @contextmanager
-def scale_engine(workdir: Path, hosts: int, broken: int, *, ui: bool = False, workers: int = 2, launch: bool = True) -> Iterator[Engine]:
-    """Everything the demo runs on, up and ready; all of it stopped on the way out (an exception, Ctrl-C, SIGTERM)."""
+def scale_engine(
+    workdir: Path,
+    hosts: int,
+    broken: int,
+    *,
+    ui: bool = False,
+    workers: int = 2,
+    launch: bool = True,
+    host_bins: dict[int, Path] | None = None,
+) -> Iterator[Engine]:
+    """Everything the demo runs on, up and ready; all of it stopped on the way out (an exception, Ctrl-C, SIGTERM).
+    `host_bins` (tests): host i's sessions find that folder's commands first (tests/netns.py fleet_of_hosts)."""
     if broken > hosts:
         raise ValueError(f"--broken {broken} is more than --hosts {hosts}")
     workdir = workdir.resolve()
@@ -869,14 +879,23 @@ def scale_engine(workdir: Path, hosts: int, broken: int, *, ui: bool = False, wo
     with ExitStack() as stack:
         stack.callback(lambda: record.unlink(missing_ok=True) if not procs.procs else None)
         try:
-            yield from _start(stack, workdir, procs, hosts, broken, ui, workers, launch, started)
+            yield from _start(stack, workdir, procs, hosts, broken, ui, workers, launch, started, host_bins)
         finally:
             _Signals.stopping = True  # before the stack unwinds: a signal from here on is noted, the stop goes on in order
     _Signals.stopping = False
 
 
 def _start(
-    stack: ExitStack, workdir: Path, procs: Procs, hosts: int, broken: int, ui: bool, workers: int, launch: bool, started: float
+    stack: ExitStack,
+    workdir: Path,
+    procs: Procs,
+    hosts: int,
+    broken: int,
+    ui: bool,
+    workers: int,
+    launch: bool,
+    started: float,
+    host_bins: dict[int, Path] | None = None,
 ) -> Iterator[Engine]:
     from relaunch.transport import close_all
     from tests.netns import fleet_of_hosts
@@ -896,7 +915,7 @@ def _start(
     say(f"Prefect server starting on 127.0.0.1:{port} (pid {server.pid}; log {workdir / 'logs' / 'server.log'})")
 
     # While the server migrates its database: the hosts, their targets and trainers.
-    fleet = stack.enter_context(fleet_of_hosts(hosts, workdir / "hosts"))
+    fleet = stack.enter_context(fleet_of_hosts(hosts, workdir / "hosts", host_bins))
     procs.add_hosts([h.netns for h in fleet.net.hosts], [str(d) for d in fleet.tmux_dirs])
     targets = [
         shell_target(

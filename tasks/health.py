@@ -73,7 +73,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
                 progress, last, fresh = Progress(), None, True
                 continue
         progress = advance(progress, snap, t)
-        diagnosis = diagnose(snap, t, progress, min_free_disk_gb=target.min_free_disk_gb, gpu_indexes=gpu_indexes_of(target))
+        diagnosis = diagnose(snap, t, progress, min_free_disk_gb=target.min_free_disk_gb, gpu_indexes=gpu_indexes_of(target, snap))
         if last is None or diagnosis.verdict is not last:
             log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
             last = diagnosis.verdict
@@ -131,7 +131,7 @@ def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None
         except TransportError as exc:
             return NodeHealth(node=k, host=node.host.label, unreachable=str(exc).splitlines()[0]), None
         progress[k] = advance(progress[k], snap, t)
-        d = diagnose(snap, t, progress[k], min_free_disk_gb=node.min_free_disk_gb, gpu_indexes=gpu_indexes_of(node))
+        d = diagnose(snap, t, progress[k], min_free_disk_gb=node.min_free_disk_gb, gpu_indexes=gpu_indexes_of(node, snap))
         return NodeHealth(node=k, host=node.host.label, diagnosis=d, run_id=snap.run_id), snap
 
     with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="relaunch-node-poll") as pool:

@@ -251,8 +251,9 @@ class Fleet:
 
 
 @contextmanager
-def fleet_of_hosts(n: int, workdir: Path, lan: bool = False) -> Iterator[Fleet]:
+def fleet_of_hosts(n: int, workdir: Path, bin_first: dict[int, Path] | None = None, lan: bool = False) -> Iterator[Fleet]:
     """n hosts in namespaces, each running sshd on 10.213.i.2 with its own keys and known_hosts; all gone on exit.
+    `bin_first`: host i's sessions find the commands of this folder first (stand-ins that make it a GPU host).
     With `lan`, the hosts also reach each other on a network of their own (the nodes of a multi-node run)."""
     require_sshd()
     with netns_hosts(n, lan=lan) as net, ExitStack() as stack:
@@ -264,7 +265,13 @@ def fleet_of_hosts(n: int, workdir: Path, lan: bool = False) -> Iterator[Fleet]:
             tmux_dir = Path(tempfile.mkdtemp(prefix="relaunch-tmux-"))
             stack.callback(shutil.rmtree, tmux_dir, True)
             fleet.tmux_dirs.append(tmux_dir)
-            server = SSHServer(folder, hostname=host.address, netns=host.netns, env={"TMUX_TMPDIR": str(tmux_dir)})
+            server = SSHServer(
+                folder,
+                hostname=host.address,
+                netns=host.netns,
+                env={"TMUX_TMPDIR": str(tmux_dir)},
+                bin_first=(bin_first or {}).get(host.index),
+            )
             stack.callback(server.stop)
             server.start()
             fleet.servers.append(server)

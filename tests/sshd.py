@@ -105,6 +105,7 @@ class SSHServer:
     netns: str | None = None  # run sshd inside this network namespace (`ip netns exec NAME`)
     env: dict[str, str] = field(default_factory=dict)  # more variables for every session (SetEnv)
     reachable_from_here: bool = True  # False: only another namespace routes to it, so readiness is read from sshd's log
+    bin_first: Path | None = None  # stand-ins before tests/bin on every session's PATH (a GPU host's nvidia-smi, dmesg)
 
     def __post_init__(self) -> None:
         self.host_key = keygen(self.workdir / "ssh_host_ed25519_key")
@@ -118,7 +119,8 @@ class SSHServer:
         self.log_path = self.workdir / "sshd.log"
         self.config_path = self.workdir / "sshd_config"
         # The test venv's bin last: it is where this machine's uv lives, as /usr/local/bin would on a GPU host.
-        path = f"{BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{Path(sys.executable).parent}"
+        first = f"{self.bin_first}:" if self.bin_first else ""
+        path = f"{first}{BIN}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{Path(sys.executable).parent}"
         extra = "".join(f' "{k}={v}"' for k, v in self.env.items())
         self.config_path.write_text(
             f"""\

@@ -11,7 +11,7 @@ import pytest
 from relaunch.diagnosis import Diagnosis, Metrics
 from relaunch.gpufaults import parse_gpu_health
 from relaunch.history import History, Night, across_nights, night_of, restart_storm
-from relaunch.incidents import Sick, incidents
+from relaunch.incidents import Sick, cut_off, incidents
 from relaunch.ledger import Ledger, gpu_faults, place, target_gpus
 from relaunch.logtext import clean_lines
 from relaunch.playbook import Action
@@ -180,10 +180,12 @@ def test_a_target_that_uses_every_gpu_of_the_host_is_kept_off_the_ledgered_one()
 # ---- incidents across the fleet ----------------------------------------------------------------------------
 
 
-def sick(index: int, host: str, minutes: float, cause: Cause | None = Cause.DISK_FULL) -> Sick:
-    return Sick(
-        index=index, target=f"t{index}", host=host, verdict=Verdict.CRASHED, cause=cause, failed_at=NOW + timedelta(minutes=minutes)
-    )
+def sick(index: int, host: str, minutes: float, cause: Cause | None = Cause.DISK_FULL, verdict: Verdict | None = Verdict.CRASHED) -> Sick:
+    return Sick(index=index, target=f"t{index}", host=host, verdict=verdict, cause=cause, failed_at=NOW + timedelta(minutes=minutes))
+
+
+def unreachable(index: int, host: str, minutes: float) -> Sick:
+    return sick(index, host, minutes, cause=None, verdict=None)
 
 
 def test_one_cause_on_several_hosts_within_the_window_is_one_incident_recovering_the_first_target_first():
@@ -196,6 +198,25 @@ def test_two_targets_of_one_host_or_two_causes_are_no_incident():
     assert incidents([sick(0, "a", 0), sick(1, "a", 1)], window_minutes=10) == []
     assert incidents([sick(0, "a", 0), sick(1, "b", 1, Cause.ERROR)], window_minutes=10) == []
     assert incidents([sick(0, "a", 0), sick(1, "b", 11)], window_minutes=10) == []
+
+
+def test_hosts_that_cannot_be_reached_within_the_window_are_one_partition_apart_from_the_crashes_on_other_hosts():
+    found = incidents(
+        [unreachable(1, "b", 0), sick(0, "a", 0), unreachable(3, "c", 2), sick(4, "d", 1), unreachable(5, "e", 30)], window_minutes=10
+    )
+    (partition, crashes) = sorted(found, key=lambda i: i.label, reverse=True)
+    assert (partition.label, partition.hosts, partition.unreachable) == ("unreachable", ["b", "c"], True), partition
+    assert partition.summary().startswith("one incident: unreachable on 2 hosts (b, c) within 2.0 min; a network partition or hosts down:")
+    assert "nothing is stopped or launched on them" in partition.summary()
+    assert (crashes.label, crashes.hosts, crashes.unreachable) == ("crashed/disk_full", ["a", "d"], False), crashes
+
+
+def test_one_unreachable_host_is_no_incident_and_a_sick_target_on_a_partitioned_host_is_cut_off_from_recovery():
+    assert incidents([unreachable(0, "a", 0), sick(1, "b", 0)], window_minutes=10) == []
+    # Host a's crash and host c's would be one incident, host a's recovered first: cut off, it is neither.
+    everyone = [unreachable(0, "a", 0), unreachable(1, "b", 0), sick(2, "a", 0, Cause.ERROR), sick(3, "c", 0, Cause.ERROR)]
+    (partition,) = incidents(everyone, window_minutes=10)
+    assert cut_off([partition], everyone) == {2: partition}, "host a's crashed target is held; host c's is recovered"
 
 
 def test_a_run_on_no_gpu_is_never_held_back_by_the_hosts_ledger():

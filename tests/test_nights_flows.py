@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from relaunch.flows.check import check_training
 from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
 from relaunch.ledger import Ledger
 from relaunch.playbook import Action
+from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.memory import history_variable, read_ledger, write_ledger
 from relaunch.transport import close_all
@@ -27,18 +29,23 @@ from tests.faults import RELAUNCH, ROOT, cli_env, wait_for
 from tests.netns import Fleet, fleet_of_hosts
 from tests.targets import runs, shell_target, stop_all, wait_for_exit
 from tests.test_fleet_failures import XID, dmesg_printing, host_commands, launched_and_exited, made, recover, told, trainer  # noqa: F401
-from tests.test_netns_fleet import stopping, targets_on
+from tests.test_netns_fleet import fleet, stopping, targets_on  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
-# Fails as a process on a failed GPU does ($1: a public capture) when it is given GPU 0; steps on any other GPU.
+# Fails as a process on a failed GPU does ($1: a public capture) when it is given GPU 0; steps on any other GPU, and
+# fails the same way there once the file $2 (when given) is there.
 GPU0_FAILS = """#!/usr/bin/env bash
 if [ "$CUDA_VISIBLE_DEVICES" = 0 ]; then
   for i in 1 2 3; do echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s)"; done
   cat -- "$1"
   exit 1
 fi
-for i in $(seq 1 100000); do echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s)"; sleep 0.2; done
+for i in $(seq 1 100000); do
+  echo "step=$i loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s)"
+  [ -n "$2" ] && [ -e "$2" ] && { cat -- "$1"; exit 1; }
+  sleep 0.2
+done
 """
 
 
@@ -128,6 +135,31 @@ def test_a_gpu_that_failed_is_ledgered_swapped_for_the_spare_and_never_given_bac
         assert read_ledger(c, t.host.hostname).gpus == []
 
 
+@pytest.mark.usefixtures("empty_ledger")
+def test_the_nightly_check_judges_a_run_on_the_gpus_its_recovery_placed_it_on_not_the_ledgered_one_of_its_settings(
+    made,
+    tmp_path,
+    monkeypatch,  # noqa: F811
+):
+    # The kernel keeps GPU 0's Xid 79 in its ring buffer for the whole test: it is about GPU 0 only (PCI 00:06).
+    host_commands(tmp_path / "bin", monkeypatch, dmesg_printing(XID / "xid79_journal.txt"), nvidia_smi=True)
+    gate = tmp_path / "crash-now"
+    command = f"bash {trainer(tmp_path, 'gpu0_fails.sh', GPU0_FAILS)} {XID / 'cuda_unspecified_launch_failure.log'} {gate}"
+    t = made(launch_command=command, env={"CUDA_VISIBLE_DEVICES": "0"}, spare_gpus=[1])
+    launched_and_exited(t)
+    night1 = recover(t)
+    assert night1.ok and "relaunched on GPUs 1" in night1.attempts[0].why, told(night1)
+
+    # The next day the run on GPU 1 dies of a CUDA error of its own; GPU 0's old Xid is another GPU's business.
+    gate.touch()
+    wait_for_exit(t, 60)
+    state = check_training(t, return_state=True)
+    report = state.result(raise_on_failure=False)
+    (first,) = report.attempts
+    assert first.verdict is Verdict.CRASHED and first.cause is not Cause.GPU_FAULT, told(report)
+    assert not any("00:06" in line or "Xid" in line for line in first.evidence), told(report)
+
+
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[Fleet]:
     """Two hosts, each in its own network namespace with its own sshd (tests/netns.py)."""
@@ -174,3 +206,40 @@ def test_one_crash_on_two_hosts_at_once_is_one_incident_and_the_second_recovery_
     assert state.is_failed() and "2 of 2 targets not healthy" in state.message
     (event,) = wait_for(lambda: incident_events(since), 30, "the incident's event on the server")
     assert event.resource["relaunch.hosts"] == ",".join(hosts) and event.resource["relaunch.targets"] == "host0,host1", event
+
+
+def test_two_hosts_cut_off_at_once_are_one_partition_incident_untouched_while_the_crashed_trainer_of_a_third_is_recovered(
+    tmp_path, fleet: Fleet
+):
+    targets = targets_on(fleet, tmp_path)
+    sick = targets[2]
+    since = datetime.now(UTC)
+    with stopping(fleet, targets):
+        before = {t.name: launch.fn(t, 1)[0].run_id for t in targets[:2]}
+        # Crashes for real (exit 3 at step 2); the relaunch, without the fault's environment, keeps running.
+        launch.fn(sick.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}}), 1)
+        wait_for_exit(sick)
+        fleet.down(0)
+        fleet.down(1)
+        state = check_fleet(targets, recover=True, max_concurrent=3, return_state=True)
+        report = state.result(raise_on_failure=False)
+        for i in (0, 1):
+            fleet.up(i)
+        alive = [collect_snapshot(t).pid_alive for t in targets[:2]]
+        launches = {t.name: runs(t) for t in targets}
+    hosts = [h.address for h in fleet.net.hosts]
+    (incident,) = report.incidents
+    assert incident.startswith(f"one incident: unreachable on 2 hosts ({hosts[0]}, {hosts[1]}) within "), incident
+    assert "nothing is stopped or launched on them" in incident
+    cut, recovered = report.rows[:2], report.rows[2]
+    assert [(r.incident, r.found, r.recovered) for r in cut] == [("unreachable", None, False)] * 2, cut
+    assert all(r.message.startswith("check failed: TransportError: on root@") for r in cut), [r.message for r in cut]
+    assert (recovered.found, recovered.recovered, recovered.verdict, recovered.incident) == (Verdict.CRASHED, True, Verdict.HEALTHY, None)
+    assert [launches[t.name] for t in targets[:2]] == [[before[t.name]] for t in targets[:2]] and alive == [True, True], (
+        "nothing was stopped or launched on the hosts cut off: their trainers ran on through it"
+    )
+    assert len(launches[sick.name]) == 2, "the crashed run was relaunched once, on its own host"
+    assert state.is_failed() and "2 of 3 targets not healthy" in state.message and incident in state.message, state.message
+    (event,) = wait_for(lambda: incident_events(since), 30, "the incident's event on the server")
+    assert event.resource["relaunch.hosts"] == f"{hosts[0]},{hosts[1]}" and event.resource["relaunch.verdict"] == "unreachable", event
+    assert event.resource["relaunch.targets"] == "host0,host1", event

@@ -25,7 +25,7 @@ import pytest
 
 from relaunch.tasks.launch import launch
 from tests.faults import ROOT, cli_env, start_cli, wait_for, write_target
-from tests.targets import shell_target, stop_all, wait_for_exit
+from tests.targets import runs, shell_target, stop_all, wait_for_exit
 
 BIN = Path(sys.executable).parent
 AUTOMATIONS = ("relaunch-recovery-escalated", "relaunch-nightly-check-failed")
@@ -135,6 +135,14 @@ class Server:
 
         with temporary_settings({PREFECT_API_URL: self.api_url}):
             return asyncio.run(go())
+
+    def sync_api(self, call):
+        """`call(client)` with a synchronous client of this server (what relaunch's own tasks use)."""
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings({PREFECT_API_URL: self.api_url}), get_client(sync_client=True) as client:
+            return call(client)
 
     def run(self, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
         out = subprocess.run(list(args), cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=timeout)
@@ -261,6 +269,40 @@ def test_a_restart_storm_is_told_with_its_nights(server, receiver, tmp_path):
     message = receiver.wait(lambda m: "stormy" in m["subject"], 60, "the restart storm's message")
     assert "why: restart storm: crashed/error returned 3 times within 72 h" in message["body"], message["body"]
     assert "Nights: " in message["body"] and message["body"].count("crashed/error from no checkpoint") == 3, message["body"]
+
+
+def test_a_gpu_in_the_ledger_with_no_spare_is_told_by_its_bus_id_and_the_ledger(server, receiver, tmp_path):
+    """Last night GPU 0 threw Xid 79 (the kernel's lines: a public capture, stored as a recovery stores them); tonight
+    the run on it crashes of something else and the target has no spare: the recovery escalates, naming the GPU."""
+    from datetime import UTC, datetime, timedelta
+
+    from relaunch.ledger import Ledger, gpu_faults
+    from relaunch.tasks.memory import write_ledger
+    from tests.test_nights import snapshot_of
+
+    target = shell_target(tmp_path, name="ledgered", env={"EXIT_AT": "2", "EXIT_CODE": "3", "CUDA_VISIBLE_DEVICES": "0"})
+    spec = write_target(target, tmp_path / "target.yaml")
+    ledger = Ledger(host=target.host.hostname).with_faults(
+        gpu_faults(snapshot_of("xid79_journal.txt"), [0]), datetime.now(UTC) - timedelta(days=1), "ledgered"
+    )
+    assert [g.bus_id for g in ledger.gpus] == ["00000000:00:06.0"]
+    server.sync_api(lambda c: write_ledger(c, ledger))
+    try:
+        launch.fn(target, 1)
+        wait_for_exit(target)
+        output = tmp_path / "recover.out"
+        code = start_cli(["recover", str(spec)], cli_env(tmp_path / "cli-home", server.api_url), output).wait(timeout=240)
+        launches = len(runs(target))
+    finally:
+        stop_all(target)
+        server.sync_api(lambda c: write_ledger(c, Ledger(host=target.host.hostname)))
+    assert code == 1, output.read_text()[-4000:]
+    assert launches == 1, "never relaunched onto the ledgered GPU"
+    run = flow_run_named(server, "recover-ledgered")
+    assert run.state.is_failed() and "in the GPU ledger since" in run.state.message, run.state.message
+    message = receiver.wait(lambda m: "ledgered" in m["subject"], 60, "the ledgered GPU's message")
+    why = "why: GPU 0 (PCI 00000000:00:06.0, GPU-b30686fb-50e5-b296-a563-b7746cd0b24a, serial 0) in the GPU ledger since "
+    assert why in message["body"] and "never given back to a relaunch" in message["body"], message["body"]
 
 
 def test_a_failed_nightly_check_is_told_with_its_one_line_state_message(server, receiver, tmp_path):

@@ -1,6 +1,8 @@
 """Recoveries of one host through the scale-out control plane (scripts/scale_demo.py's engine: PostgreSQL, Redis lease
 storage, a Prefect server, two process workers, SSH hosts in network namespaces) never overlap and never start a second
 trainer: not when two deployment runs race on two workers, and not when the worker holding the host dies mid-recovery.
+And what the runs remember across nights (docs/nights.md: Prefect Variables) is one history and one GPU ledger, whichever
+worker ran them.
 
 The evidence is the server's history (each recover-training run's task runs: from its first step after the host's slot
 and lock to its last) and the host's own records (launch records, and the trainers still running by recorded PID).
@@ -8,6 +10,7 @@ and lock to its last) and the host's own records (launch records, and the traine
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import time
@@ -31,14 +34,32 @@ DEPLOYMENT = "recover-training/scale-demo"
 UNRESPONSIVE_AFTER_SECONDS = 90
 
 
+# Host 2 of the engine is a GPU host: nvidia-smi lists GPU 0 at PCI 00:06 (an H200's captured rows), and its kernel
+# log holds that GPU's Xid 79 while the file `xid-on` beside the stand-ins is there (tests/test_fleet_failures.py).
+GPU_HOST = 2
+
+
 @pytest.fixture(scope="module")
 def engine() -> Iterator:
     require_scale_parts()
     sd = load_scale_demo()
     for workdir in scale_workdir():
-        with sd.scale_engine(workdir, hosts=2, broken=0, launch=False) as engine:
+        gpu_bin = workdir.parent / "gpu-host-bin"
+        gpu_host_commands(gpu_bin)
+        with sd.scale_engine(workdir, hosts=3, broken=0, launch=False, host_bins={GPU_HOST: gpu_bin}) as engine:
             sync_automations(engine, workdir)
             yield engine
+
+
+def gpu_host_commands(folder: Path) -> None:
+    from tests.test_fleet_failures import NVIDIA_SMI, XID, dmesg_printing
+
+    folder.mkdir(parents=True)
+    folder.chmod(0o755)
+    dmesg = dmesg_printing(XID / "xid79_journal.txt").replace("\n", f'\n[ -e "{folder}/xid-on" ] || exit 0\n', 1)
+    for name, text in {"dmesg": dmesg, "nvidia-smi": NVIDIA_SMI.replace("{xid}", shlex.quote(str(XID)))}.items():
+        (folder / name).write_text(text)
+        (folder / name).chmod(0o755)
 
 
 def sync_automations(engine, workdir: Path) -> None:
@@ -172,3 +193,63 @@ def test_a_worker_killed_mid_recovery_frees_the_host_within_a_lease_and_a_later_
     finally:
         sd._stop_trainers([target])
         engine.start_worker(holder)  # two workers again for whatever runs next on this engine
+
+
+def test_the_nights_of_one_target_recovered_on_two_workers_share_one_history_and_gpu_ledger_and_a_third_return_is_a_restart_storm(engine):
+    from relaunch import runlayout
+    from relaunch.tasks.launch import launch
+    from relaunch.tasks.memory import history_variable, read_ledger
+    from tests.targets import current, runs, stop_all, wait_for_exit
+
+    host = engine.fleet.servers[GPU_HOST].ssh_host(connect_timeout_seconds=5.0, command_timeout_seconds=60.0)
+    target = shell_target(engine.workdir / "tests" / "nights", name="nights", host=host, env={"CUDA_VISIBLE_DEVICES": "0"}, spare_gpus=[1])
+    # Each night the run crashes for real (exit 3 at step 2) on GPU 0; each recovery relaunches it without the fault.
+    crashing = target.model_copy(update={"env": {**target.env, "EXIT_AT": "2", "EXIT_CODE": "3"}})
+    xid_on = engine.workdir.parent / "gpu-host-bin" / "xid-on"
+    nights, workers, placed, stopped = [], [], [], None
+    try:
+        for night in range(4):
+            stop_all(target)
+            if night == 0:
+                xid_on.touch()  # the first night GPU 0 falls off the bus under it: ledgered, the run moves to the spare
+            launch.fn(crashing, 1)
+            wait_for_exit(target)
+            if night == 1:
+                # The second night must land on the other worker: the one that ran the first is away for it.
+                stopped = workers[0]
+                engine.stop_worker(stopped)
+            nights.append(run_recovery(engine, target, f"night{night}"))
+            engine.wait_runs(nights[-1:], 240)
+            workers.append(engine.worker_of(nights[-1]))  # read now: a restarted worker starts a new log
+            xid_on.unlink(missing_ok=True)  # the later nights it crashes of its own error, on GPU 0 again
+            spec = Path(runlayout.record(target.state_path, current(target), runlayout.SPEC)).read_text()
+            placed.append(next((kv for kv in spec.split("\0") if kv.startswith("CUDA_VISIBLE_DEVICES=")), None))
+            if stopped is not None and engine.workers[stopped] is None:
+                engine.start_worker(stopped)
+        ran = engine.wait_runs(nights, 5)
+        saved = engine.call(lambda c: c.read_variable_by_name(history_variable(target)).value)
+        ledger = engine.call(lambda c: read_ledger(c, target.host.hostname))
+        launches = len(runs(target))
+    finally:
+        xid_on.unlink(missing_ok=True)
+        stop_all(target)
+        if stopped is not None and engine.workers[stopped] is None:
+            engine.start_worker(stopped)
+        engine.wait_workers_online()
+    *recovered, stormy = ran
+    assert [r.state.name for r in recovered] == ["Completed"] * 3, [(r.name, r.state.message) for r in ran]
+    assert None not in workers[:2] and workers[0] != workers[1], f"nights 1 and 2 on two workers: {workers}\n{engine.submissions()}"
+    (gpu,) = ledger.gpus
+    assert (gpu.bus_id, gpu.flow_run) == ("00000000:00:06.0", str(ran[0].id)), "the first night's worker ledgered GPU 0"
+    assert placed[:3] == ["CUDA_VISIBLE_DEVICES=1"] * 3, f"every relaunch on the spare, the other worker's too: {placed}"
+    assert stormy.state.name == "Failed", stormy.state.message
+    message = stormy.state.message
+    assert ": restart storm: crashed/error returned 3 times within 72 h, each time from no checkpoint" in message, message
+    assert message.count("ended healthy") == 2, f"the storm names both earlier nights of its cause: {message}"
+    assert launches == 7, "4 crashed launches and 3 relaunches: none on the fourth night"
+    assert [n["flow_run"] for n in saved["nights"]] == [str(r.id) for r in ran], (
+        "each worker's run wrote its night where the others read it"
+    )
+    assert [(n["cause"], n["ended"]) for n in saved["nights"]] == [("gpu_fault", "healthy")] + [("error", "healthy")] * 2 + [
+        ("error", "crashed")
+    ], saved

@@ -113,6 +113,14 @@ echo "$M pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
 echo "$M exit_code $exit_code"
 echo "$M started_at $started"
 echo "$M checkpoint $checkpoint"
+# The GPUs the current run was launched on: its spec's CUDA_VISIBLE_DEVICES ("-": none set), which a recovery may have
+# moved off a ledgered GPU. Said only where the spec is there to read (a run adopted or launched before it was kept).
+if [ -n "$run_id" ] && [ -r "$run/spec" ]; then
+  visible=- spec=()
+  mapfile -d '' spec < "$run/spec" 2> /dev/null
+  for kv in "${spec[@]:3}"; do [[ $kv == CUDA_VISIBLE_DEVICES=* ]] && visible=${kv#CUDA_VISIBLE_DEVICES=}; done
+  echo "$M launched_gpus $visible"
+fi
 echo "$M now $now"
 echo "$M stopped_at $stopped"
 [ -n "$run_id" ] && [ -e "$run/adopted" ] && echo "$M adopted 1"
