@@ -26,7 +26,7 @@ from types import FrameType
 from typing import Any
 
 from relaunch import runlayout
-from relaunch.config import Node, Target, Thresholds
+from relaunch.config import Host, Node, Target, Thresholds
 from relaunch.gang import gang_run_id, node_targets, working_nodes
 from relaunch.runfiles import new_run_id
 from relaunch.tasks.health import check_health, collect_snapshot
@@ -63,20 +63,22 @@ def gang_command(checkpoints: Path) -> str:
     )
 
 
+def node_like(t: Target, host: Host, **more: Any) -> Node:
+    """A node with the folders of a single-host target `t` (its repo, venv, logs, state, cache) on `host`."""
+    folders = {f: getattr(t, f) for f in ("repo_dir", "venv_dir", "log_dir", "state_dir", "inductor_cache_dir")}
+    return Node.model_validate({**folders, "host": host, **more})
+
+
 def gang_target(folder: Path, fleet: Any, name: str, extra_find_links: list[str] | None = None) -> Target:
     """A two-node target on `fleet`'s hosts (tests/netns.py Fleet, with a LAN): each node its own folders, one checkpoint folder."""
     from tests.targets import shell_target  # a small repo with a lock of tiny wheels, per node
 
     per_node = [shell_target(folder / f"node{k}", name=f"{name}-{k}") for k in range(len(fleet.servers))]
     nodes = [
-        Node(
-            host=server.ssh_host(connect_timeout_seconds=3.0, command_timeout_seconds=60.0),
+        node_like(
+            t,
+            server.ssh_host(connect_timeout_seconds=3.0, command_timeout_seconds=60.0),
             address=host.lan_address,
-            repo_dir=t.repo_dir,
-            venv_dir=t.venv_dir,
-            log_dir=t.log_dir,
-            state_dir=t.state_dir,
-            inductor_cache_dir=t.inductor_cache_dir,
             env={"GLOO_SOCKET_IFNAME": host.lan_veth or ""},
         )
         for t, server, host in zip(per_node, fleet.servers, fleet.net.hosts, strict=True)

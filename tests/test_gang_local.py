@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
-from relaunch.config import Host, Node, Target
+from relaunch.config import Host, Target
+from relaunch.demo.multinode import node_like
 from relaunch.flows.recover import host_limit_name, recover_training
 from relaunch.gang import node_targets
 from relaunch.steps import Step
@@ -23,18 +24,7 @@ from tests.test_multirank import told
 def test_a_gang_of_two_nodes_on_one_machine_takes_its_hosts_slot_once_and_is_launched_healthy_on_both(tmp_path, prefect_harness):
     host = Host(kind="local", hostname=f"gang-local-{uuid.uuid4().hex[:8]}")  # a slot of its own on the shared server
     per = [shell_target(tmp_path / f"node{k}", name=f"glocal{k}") for k in range(2)]
-    nodes = [
-        Node(
-            host=host,
-            repo_dir=t.repo_dir,
-            venv_dir=t.venv_dir,
-            log_dir=t.log_dir,
-            state_dir=t.state_dir,
-            inductor_cache_dir=t.inductor_cache_dir,
-            tmux_session=t.tmux_session,
-        )
-        for t in per
-    ]
+    nodes = [node_like(t, host, tmux_session=t.tmux_session) for t in per]
     target = Target.model_validate({**per[0].model_dump(), "name": "glocal", "nodes": [n.model_dump() for n in nodes]})
     with get_client(sync_client=True) as client:
         client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=host_limit_name(node_targets(target)[0]), limit=1))
