@@ -40,6 +40,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    # gloo on CUDA tensors where ranks share a GPU (NCCL refuses two ranks on one device: bench/gpu_gang).
+    p.add_argument("--backend", choices=["nccl", "gloo"], help="default: nccl with --device cuda, gloo on the CPU")
     p.add_argument("--pg-timeout", type=float, default=1800.0, help="process-group timeout, seconds")
     p.add_argument("--step-seconds", type=float, default=0.05, help="pause after each step (paces the demo)")
     p.add_argument("--checkpoint-dir", type=Path)
@@ -121,7 +123,7 @@ def train(args: argparse.Namespace) -> None:
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    backend = "nccl" if cuda else "gloo"
+    backend = args.backend or ("nccl" if cuda else "gloo")
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.pg_timeout))
     print(f"[rank {rank}] process group ready: backend={backend} world={world} device={device} pid={os.getpid()}", flush=True)
     torch.manual_seed(0)  # the same initial weights on every rank
