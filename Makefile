@@ -51,10 +51,10 @@ lint: setup system-test
 	$(PY) scripts/check_layers.py
 	cd relaunch/host && shellcheck -x -s bash *.sh
 
-# Four workers on two cores: most tests wait on processes, servers and sockets rather than compute;
+# Five workers on two cores: most tests wait on processes, servers and sockets rather than compute;
 # worksteal keeps the long tests (the demo scenarios) from ending up in one worker's queue.
 test: lint
-	$(PY) -m pytest -q -n 4 --dist worksteal --durations=25
+	$(PY) -m pytest -q -n 5 --dist worksteal --durations=25
 
 # A local control plane: Prefect server (SQLite), work pool, automations, a worker; no demo. Ctrl-C stops it all.
 # Your targets go on it with `relaunch deploy TARGET.yaml`.

@@ -28,31 +28,31 @@ def prefect_harness():
         yield
 
 
-# The longest tests, as `make test`'s --durations measured them (seconds in the suite, 2 cores, -n 4, 2026-12-02). Collected
+# The longest tests, as `make test`'s --durations measured them (seconds in the suite, 2 cores, -n 4, 2026-12-02, 830 tests). Collected
 # last, as pytest would order them, they made the suite's tail: one worker still ran a demo scenario while the others
 # were idle. Put at the head of each worker's share instead (longest first, dealt round the workers), they run beside
 # the short tests and the suite ends when the short ones do. A key that is a file is that file's tests as one unit, in
 # their order: they share a module fixture (a scale-out engine, a gang of namespace hosts) that each worker running
 # one of them would build again.
 LONGEST: dict[str, float] = {
-    "tests/test_scale_concurrency.py": 210,
-    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[broken-checkpoint]": 190,
-    "tests/test_gang.py": 180,
-    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[degraded]": 141,
-    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[fx-race]": 121,
-    "tests/test_cli.py::test_the_demo_writes_its_target_file_and_says_how_to_check_it": 117,
-    "tests/test_serve_terminal.py": 270,
-    "tests/test_scale_demo.py::test_the_scale_demo_recovers_every_broken_host_exactly_once_says_so_in_one_json_line_and_ctrl_c_leaves_nothing_behind": 112,
-    "tests/test_deployments.py::test_the_demo_deployment_recovers_the_prepared_demo_target_as_deployed": 110,
-    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[diverged]": 93,
-    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[corrupt-cache]": 70,
-    "tests/test_gang_demo.py": 60,
-    "tests/test_remote_flow.py::test_the_demo_target_recovers_over_ssh_through_a_container": 66,
-    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[silent-death]": 56,
-    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[missing-dependency]": 55,
-    "tests/test_cli.py::test_check_stop_and_logs_work_as_typed_from_a_plain_shell": 45,
-    "tests/test_deploy.py::test_a_deployed_target_is_recovered_by_its_deployment_on_a_worker_with_only_the_wheel": 45,
-    "tests/test_ui.py::test_the_flow_run_page_shows_step_at_host_task_runs_and_the_report_artifact_shows_the_verdict": 40,
+    "tests/test_scale_concurrency.py": 230,
+    "tests/test_serve_terminal.py": 195,
+    "tests/test_gang.py": 190,
+    "tests/test_deployments.py": 190,
+    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[degraded]": 156,
+    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[broken-checkpoint]": 147,
+    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[silent-death]": 134,
+    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[fx-race]": 132,
+    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[diverged]": 114,
+    "tests/test_cli.py::test_the_demo_writes_its_target_file_and_says_how_to_check_it": 104,
+    "tests/test_remote_flow.py::test_the_demo_target_recovers_over_ssh_through_a_container": 86,
+    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[corrupt-cache]": 83,
+    "tests/test_gang_demo.py": 80,
+    "tests/test_scale_demo.py::test_the_scale_demo_recovers_every_broken_host_exactly_once_says_so_in_one_json_line_and_ctrl_c_leaves_nothing_behind": 68,
+    "tests/test_ui.py::test_the_flow_run_page_shows_step_at_host_task_runs_and_the_report_artifact_shows_the_verdict": 58,
+    "tests/test_recover_flow.py::test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first[missing-dependency]": 53,
+    "tests/test_deploy.py::test_a_deployed_target_is_recovered_by_its_deployment_on_a_worker_with_only_the_wheel": 48,
+    "tests/test_cli.py::test_check_stop_and_logs_work_as_typed_from_a_plain_shell": 43,
 }
 
 
