@@ -208,6 +208,16 @@ CASES = [
     ("cpu/compile_cache_truncated.log", ["--running", "--seconds-since-log-write", "1"], "healthy", None, None, "step=1299"),
     # Kernels overwritten with garbage: torch rebuilt them and the rebuild failed; a compile error, whose remedy clears the cache.
     ("cpu/compile_cache_so_overwritten.log", ["--exit-code", "1"], "crashed", "compile_error", None, "CppCompileError"),
+    # A two-node gang on the H200, a rank on node 1 SIGKILLed (gpu/gang/PROVENANCE.md): each node's own log.
+    (
+        "gpu/gang/node1_a0.log",
+        ["--exit-code", "1"],
+        "crashed",
+        "killed",
+        None,
+        "rank 1 (local_rank 0, pid 1712, host localhost) died of SIGKILL",
+    ),
+    ("gpu/gang/node0_a0.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "ChildFailedError"),
 ]
 
 

@@ -211,3 +211,32 @@ def test_a_node_whose_gpu_failed_is_escalated_naming_it_or_replaced_by_a_spare_a
     assert gang_action(Action.FULL_RECOVERY, "x", later, spared())[2] == [0, 2], "the node whose GPU failed is not launched again"
     disk = [node(0, Verdict.CRASHED, Cause.DISK_FULL), node(1, None)]
     assert gang_action(Action.ESCALATE, "disk full", disk, spared(min_nodes=1))[0] is Action.ESCALATE, "another escalation stands"
+
+
+def saved_node(k: int, fixture: str) -> NodeHealth:
+    """A node judged from its captured log as the health poll would see its trainer gone with exit code 1."""
+    from relaunch.config import Thresholds
+    from relaunch.diagnosis import diagnose
+    from relaunch.logtext import read_log
+    from relaunch.snapshot import HealthSnapshot
+
+    excerpt = read_log(ROOT / "tests" / "fixtures" / "logs" / fixture)
+    snap = HealthSnapshot(
+        host=f"node{k}",
+        launched=True,
+        pid_alive=False,
+        exit_code=1,
+        log_tail=excerpt.tail,
+        log_matches=excerpt.matches,
+        seconds_since_log_write=1.0,
+        log_size_bytes=excerpt.size_bytes,
+    )
+    return NodeHealth(node=k, host="local", diagnosis=diagnose(snap, Thresholds()))
+
+
+def test_the_h200_gangs_killed_rank_is_its_crash_named_by_node_1_though_node_0s_torchrun_failed_too():
+    # Both nodes' logs of the gang on the H200 (gpu/gang/PROVENANCE.md): torchrun failed on both, node 0's only because
+    # gloo lost its peer.
+    d = judge_gang([saved_node(0, "gpu/gang/node0_a0.log"), saved_node(1, "gpu/gang/node1_a0.log")])
+    assert (d.verdict, d.cause) == (Verdict.CRASHED, Cause.KILLED), (d.summary, d.evidence)
+    assert d.summary.startswith("node 1 (local): rank 1 (local_rank 0, pid 1712") and "SIGKILL" in d.summary, d.summary
