@@ -64,6 +64,7 @@ def _unit(item: pytest.Item) -> str | None:
     return path if path in LONGEST else None
 
 
+@pytest.hookimpl(trylast=True)  # after -m has deselected: the shares are of the tests that run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deal the longest tests round the xdist workers, each at the head of the share the worker is given first, the longest
     to the least loaded (worksteal splits the collected list into equal consecutive shares). Every worker collects the same order."""

@@ -372,6 +372,7 @@ def run_demo_deployment(plane: ControlPlane) -> None:
     assert tmux_alive("relaunch-demo")
 
 
+@pytest.mark.long
 def test_the_demo_deployment_recovers_the_prepared_demo_target_as_deployed(plane):
     run_demo_deployment(plane)
 

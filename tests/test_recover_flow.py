@@ -19,8 +19,19 @@ from tests.targets import shell_target
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
-# `healthy` runs through the CLI as typed, in tests/test_cli.py: the same flow, not run twice.
-@pytest.mark.parametrize("scenario", [name for name, s in SCENARIOS.items() if name != "healthy" and s.nodes == 1])
+# `healthy` runs through the CLI as typed, in tests/test_cli.py: the same flow, not run twice. `make test` runs the
+# incident's own scenario and the newest one; the others, a minute of CPU each, are `make test-long`'s (CI runs both).
+QUICK = ("fx-race", "corrupt-cache")
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(name, marks=() if name in QUICK else pytest.mark.long)
+        for name, s in SCENARIOS.items()
+        if name != "healthy" and s.nodes == 1
+    ],
+)
 def test_each_demo_scenario_ends_healthy_and_names_its_injected_cause_first(scenario, tmp_path):
     target = prepare(scenario, tmp_path / scenario)
     try:

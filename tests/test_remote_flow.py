@@ -116,6 +116,7 @@ def sshd_child(server: SSHServer) -> int:
     return int(children[-1])
 
 
+@pytest.mark.long
 def test_the_demo_target_recovers_over_ssh_through_a_container(tmp_path, sshd: SSHServer):
     from relaunch.demo.scenarios import prepare
 
