@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _flow_env import ROOT  # noqa: E402 - first: the environment Prefect is imported into
 
-from relaunch.config import Host, Node, Target  # noqa: E402
-from relaunch.demo.multinode import THRESHOLDS, _launch, rank_pids  # noqa: E402
+from relaunch.config import Host, Target  # noqa: E402
+from relaunch.demo.multinode import THRESHOLDS, _launch, node_like, rank_pids  # noqa: E402
 from relaunch.demo.target import NO_MULTICAST  # noqa: E402
 from relaunch.flows.recover import recover_training  # noqa: E402
 from relaunch.gang import node_targets  # noqa: E402
@@ -42,19 +42,7 @@ DEVICE = os.environ.get("GANG_DEVICE", "cuda")
 
 def gang(work: Path) -> Target:
     per = [shell_target(work / f"node{k}", name=f"gpugang{k}") for k in range(2)]
-    nodes = [
-        Node(
-            host=Host(kind="local"),
-            address="127.0.0.1",
-            repo_dir=t.repo_dir,
-            venv_dir=t.venv_dir,
-            log_dir=t.log_dir,
-            state_dir=t.state_dir,
-            inductor_cache_dir=t.inductor_cache_dir,
-            tmux_session=t.tmux_session,
-        )
-        for t in per
-    ]
+    nodes = [node_like(t, Host(kind="local"), address="127.0.0.1", tmux_session=t.tmux_session) for t in per]
     ckpt = work / "ckpt"
     command = " ".join(
         [
