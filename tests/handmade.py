@@ -152,6 +152,10 @@ def last_step(log: str | Path, pattern: re.Pattern[str] | None = None) -> int | 
 
 def tmux(*args: str, check: bool = True) -> str:
     out = subprocess.run(["tmux", *args], capture_output=True, text=True)
+    # The shared tmux server was exiting (another test ended its last session) as this command reached it: asked
+    # again, a new server starts. Seen once in a fresh-clone `make test` (test_adopt, 2026-12-02).
+    if out.returncode != 0 and "server exited unexpectedly" in out.stderr:
+        out = subprocess.run(["tmux", *args], capture_output=True, text=True)
     if check and out.returncode != 0:
         raise AssertionError(f"tmux {' '.join(args)} exited {out.returncode}: {out.stderr.strip()}")
     return out.stdout.strip()
