@@ -12,14 +12,22 @@ Three things can make the highest step the wrong one, and each is read from the 
   tracker names it complete;
 - a checkpoint that failed to load once (recorded in the state folder), or one written after the step a
   divergence began.
+Before any of these, a checkpoint is judged by its content where its format is known (see `judge`): a torch.save zip,
+a safetensors file, a DCP folder, a Hugging Face Trainer folder. A complete one is taken however close to a death it
+was written; a cut one is skipped whoever killed the run and whenever. Only where the format is unknown does the timing
+rule above decide, and the reasons say so. The host gathers the bytes (a few, of the newest entries only); no I/O here.
 A folder that holds names but nothing usable is a question for a person (`Choice.escalate`), never a silent
 run from scratch whose new `step_60.pt` would then become "newest" over the work it could not read.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import os
 import re
+import struct
 from collections import defaultdict
 from typing import Literal
 
@@ -36,6 +44,12 @@ NAME = re.compile(r"^(?P<series>(?:[A-Za-z][A-Za-z0-9_.=-]*?)?)(?P<number>\d+)$"
 PART = re.compile(r"^(?P<series>(?:[A-Za-z][A-Za-z0-9_.=-]*?)?)(?P<number>\d+)[_.-](?P<part>[A-Za-z][A-Za-z0-9]*)$")
 # Written while saving, renamed when complete (HF `tmp-checkpoint-900`, `step_600.tmp`, `.partial`).
 UNFINISHED = re.compile(r"(^|[._-])(tmp|temp|partial|incomplete|inprogress|in_progress|writing)([._-]|\d|$)", re.IGNORECASE)
+
+# Lightning's ModelCheckpoint(save_last=True) writes `last.ckpt` (`last-v1.ckpt` beside an older one) after its top-k
+# files: complete, it is the newest save by definition, though its name carries no step.
+LIGHTNING_LAST = re.compile(r"^last(-v\d+)?\.ckpt$")
+# A number that names its step: a step word before it makes any number one (`checkpoint-20261201`).
+STEP_WORD = re.compile(r"(step|iter|checkpoint|ckpt|epoch|global)[_=.-]?$", re.IGNORECASE)
 
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"
 LATEST = "latest"
@@ -84,6 +98,184 @@ class RunFacts(BaseModel):
         return self.exit_at if self.exit_at is not None else self.stop_killed_at
 
 
+class Probe(BaseModel):
+    """The bytes the host read of one file: its size, its first bytes and its last ones (`-` on the host: none read)."""
+
+    size: int
+    head: bytes = b""
+    tail: bytes = b""
+    read: bool = Field(True, description="False where the host listed only the size.")
+
+
+class EntryProbe(BaseModel):
+    """What the host read of one of the newest entries: the file itself (key ""), or the files of a folder by their
+    path inside it; `crowded` where the folder held more files than were listed."""
+
+    files: dict[str, Probe] = Field(default_factory=dict)
+    crowded: bool = False
+
+
+class Content(BaseModel):
+    """What an entry's content says of it: `complete` (its format proves it whole), `cut` (its format proves it cut
+    short or damaged: never resumed from), or `unknown` (no format relaunch can read: the timing rule judges it)."""
+
+    state: Literal["complete", "cut", "unknown"]
+    format: str
+    detail: str
+
+    def says(self) -> str:
+        return f"{self.format}: {self.detail}"
+
+
+ZIP_MAGIC, EOCD, ZIP64_LOCATOR, ZIP64_RECORD, CENTRAL = b"PK\x03\x04", b"PK\x05\x06", b"PK\x06\x07", b"PK\x06\x06", b"PK\x01\x02"
+TORCH = "torch zip (torch.save)"
+SAFETENSORS = "safetensors"
+DCP_FILE = re.compile(r"^__\d+_\d+\.distcp$")
+UNKNOWN = "format unknown"
+
+
+def _zip(p: Probe) -> Content:
+    """A zip is whole when its end-of-central-directory record ends the file (its comment length agrees with the
+    size) and the central directory it points to ends where the zip64 record, or the record itself, begins."""
+    t, base = p.tail, p.size - len(p.tail)
+    at = t.rfind(EOCD)
+    while at >= 0:
+        if at + 22 <= len(t):
+            _, _, _, _, cd_size, cd_offset, comment = struct.unpack_from("<HHHHIIH", t, at + 4)
+            if base + at + 22 + comment == p.size:
+                loc = at - 20
+                if loc >= 0 and t[loc : loc + 4] == ZIP64_LOCATOR:
+                    _, record, _ = struct.unpack_from("<IQI", t, loc + 4)
+                    r = record - base
+                    if 0 <= r and r + 56 <= loc and t[r : r + 4] == ZIP64_RECORD:
+                        (size,) = struct.unpack_from("<Q", t, r + 4)
+                        cd_size, cd_offset = struct.unpack_from("<QQ", t, r + 40)
+                        if r + 12 + size == loc and cd_offset + cd_size == record and _central_starts(t, base, cd_offset, cd_size):
+                            return Content(state="complete", format=TORCH, detail="complete: its zip64 end records end the file and agree")
+                elif cd_offset + cd_size == base + at and _central_starts(t, base, cd_offset, cd_size):
+                    return Content(
+                        state="complete", format=TORCH, detail="complete: its end-of-central-directory record ends the file and agrees"
+                    )
+        at = t.rfind(EOCD, 0, at)
+    return Content(
+        state="cut", format=TORCH, detail=f"cut short: no end-of-central-directory record ends its {p.size} bytes (the last {len(t)} read)"
+    )
+
+
+def _central_starts(t: bytes, base: int, offset: int, size: int) -> bool:
+    """The central directory starts with its signature, where it lies inside the bytes read (else it is not judged)."""
+    r = offset - base
+    return size == 0 or r < 0 or t[r : r + 4] == CENTRAL
+
+
+def _safetensors(p: Probe) -> Content:
+    """8 bytes of header length (little-endian), a JSON header, then the data: the largest `data_offsets` end is
+    where the file ends."""
+    if p.size < 8 or len(p.head) < 8:
+        return Content(state="cut", format=SAFETENSORS, detail=f"cut short: {p.size} bytes, fewer than its 8-byte header length")
+    (n,) = struct.unpack_from("<Q", p.head)
+    if 8 + n > p.size:
+        return Content(state="cut", format=SAFETENSORS, detail=f"cut short: its {n}-byte header runs past its {p.size} bytes")
+    if len(p.head) < 8 + n:
+        return Content(state="unknown", format=SAFETENSORS, detail=f"its {n}-byte header was not read (too large)")
+    try:
+        header = json.loads(p.head[8 : 8 + n].decode())
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return Content(state="cut", format=SAFETENSORS, detail="damaged: its header does not parse as a safetensors header")
+    want = 8 + n + max(ends, default=0)
+    if want != p.size:
+        how = "cut short" if want > p.size else "damaged"
+        return Content(state="cut", format=SAFETENSORS, detail=f"{how}: {p.size} bytes where its header describes {want}")
+    return Content(state="complete", format=SAFETENSORS, detail=f"complete: {len(ends)} tensor(s), the file ends where its header says")
+
+
+def judge_file(name: str, p: Probe) -> Content:
+    """A file by its own bytes: safetensors by its name, a zip by its first bytes; anything else is unknown."""
+    if not p.read:
+        return Content(state="unknown", format=UNKNOWN, detail="its bytes were not read")
+    if name.endswith(".safetensors"):
+        return _safetensors(p)
+    if p.head.startswith(ZIP_MAGIC):
+        return _zip(p)
+    if p.head and p.size < 22 and ZIP_MAGIC.startswith(p.head[:4]):
+        return Content(state="cut", format=TORCH, detail=f"cut short: {p.size} bytes of a zip's start, smaller than any whole zip")
+    return Content(state="unknown", format=UNKNOWN, detail="neither a zip (torch.save) nor safetensors")
+
+
+def _parses(p: Probe) -> bool | None:
+    """True if a JSON file parses, False if not, None if its bytes were not read (too large)."""
+    if p.size == 0:
+        return False
+    if not p.read or len(p.head) < p.size:
+        return None
+    try:
+        json.loads(p.head.decode())
+    except ValueError:
+        return False
+    return True
+
+
+def judge_folder(probe: EntryProbe) -> Content:
+    """A folder by its layout: DCP, a Hugging Face Trainer save; in any folder, a file of a known format that is cut
+    makes it cut. A folder of no known layout is unknown: whole files do not prove that every file was written."""
+    files = probe.files
+    top = {rel: p for rel, p in files.items() if "/" not in rel}
+    known = {rel: judge_file(rel.rsplit("/", 1)[-1], p) for rel, p in files.items() if not rel.endswith(".json") and p.read}
+    cut = next(((rel, c) for rel, c in sorted(known.items()) if c.state == "cut"), None)
+    whole = sum(1 for c in known.values() if c.state == "complete")
+    shards = sorted(rel for rel in top if DCP_FILE.match(rel))
+    if ".metadata" in top or shards:
+        fmt = "DCP folder (torch.distributed.checkpoint)"
+        if cut:
+            return Content(state="cut", format=fmt, detail=f"cut short: its {cut[0]} is ({cut[1].detail})")
+        if ".metadata" not in top or top[".metadata"].size == 0:
+            return Content(state="cut", format=fmt, detail=f"cut short: {len(shards)} __N_M.distcp file(s) and no .metadata (written last)")
+        if not shards:
+            return Content(state="cut", format=fmt, detail="cut short: .metadata without any __N_M.distcp file")
+        return Content(state="complete", format=fmt, detail=f"complete: .metadata and {len(shards)} __N_M.distcp file(s)")
+    if "trainer_state.json" in top:
+        fmt = "Hugging Face Trainer folder"
+        if cut:
+            return Content(state="cut", format=fmt, detail=f"cut short: its {cut[0]} is ({cut[1].detail})")
+        parsed = _parses(top["trainer_state.json"])
+        if parsed is None:
+            return Content(state="unknown", format=fmt, detail="its trainer_state.json was not read (too large)")
+        if not parsed:
+            return Content(state="cut", format=fmt, detail="cut short: its trainer_state.json does not parse")
+        named = 0
+        for rel in sorted(r for r in top if r.endswith(".index.json")):
+            ok = _parses(top[rel])
+            if not ok:
+                state = "unknown" if ok is None else "cut"
+                return Content(state=state, format=fmt, detail=f"its {rel} {'was not read' if ok is None else 'does not parse'}")
+            weight_map = json.loads(top[rel].head.decode()).get("weight_map", {})
+            for shard in sorted(set(weight_map.values()) if isinstance(weight_map, dict) else ()):
+                named += 1
+                if str(shard) not in files or files[str(shard)].size == 0:
+                    if probe.crowded and str(shard) not in files:
+                        return Content(state="unknown", format=fmt, detail=f"{shard} (named by {rel}) not among the files listed")
+                    missing = "missing" if str(shard) not in files else "empty"
+                    return Content(state="cut", format=fmt, detail=f"cut short: {shard}, named by {rel}, is {missing}")
+        return Content(
+            state="complete",
+            format=fmt,
+            detail=f"complete: trainer_state.json parses, the {named} file(s) its index names are there, {whole} file(s) whole by their format",
+        )
+    if cut:
+        return Content(state="cut", format=f"folder of {cut[1].format} files", detail=f"cut short: its {cut[0]} is ({cut[1].detail})")
+    return Content(state="unknown", format=UNKNOWN, detail="a folder of no layout relaunch can read (DCP or Hugging Face Trainer)")
+
+
+def judge(entry: Entry, probe: EntryProbe | None) -> Content | None:
+    """An entry by its content, or None where the host read none of it (not among the newest)."""
+    if probe is None or not probe.files:
+        return None
+    if entry.kind == "f" or (entry.kind == "l" and "" in probe.files):
+        return judge_file(entry.name, probe.files[""]) if "" in probe.files else None
+    return judge_folder(probe)
+
+
 class Listing(BaseModel):
     """Everything list_checkpoints.sh reports, read."""
 
@@ -92,6 +284,7 @@ class Listing(BaseModel):
     refused: set[tuple[int, str]] = Field(default_factory=set, description="(whole-second mtime, name) that failed to load once.")
     links: dict[str, str] = Field(default_factory=dict, description="Symbolic link name -> where it points.")
     contents: dict[str, str] = Field(default_factory=dict, description="Tracker file name -> its first line.")
+    probes: dict[str, EntryProbe] = Field(default_factory=dict, description="Entry name -> the bytes read of the newest entries.")
     run: RunFacts = Field(default_factory=RunFacts)
 
 
@@ -105,21 +298,54 @@ class Choice(BaseModel):
     parts: list[str] = Field(default_factory=list, description="The files of a checkpoint saved as one file per part.")
     tracker: str | None = Field(None, description="The framework tracker that named the choice, and what it says.")
     escalate: str | None = Field(None, description="Why no choice may be made without a person: set, nothing is launched.")
+    content: str | None = Field(None, description="What its content says: complete by its format, or judged by time.")
     blocked_by: Literal["nothing_usable", "tracker", "loader"] | None = Field(
         None, description="What escalates: names but nothing usable, a tracker's word, or what a folder loader would take."
     )
 
 
-def step_of(name: str) -> int | None:
-    """The step number a checkpoint's name carries (base 10, zero-padding ignored), or None."""
+def _is_date(digits: str) -> str | None:
+    """`2026-12-01` for 20261201 (and 2026120115, 202612011530, 20261201153000: hours, minutes, seconds), else None."""
+    if len(digits) not in (8, 10, 12, 14) or not digits.startswith(("19", "20")):
+        return None
+    year, month, day = int(digits[:4]), int(digits[4:6]), int(digits[6:8])
+    clock = [int(digits[i : i + 2]) for i in range(8, len(digits), 2)]
+    if not (1 <= month <= 12 and 1 <= day <= 31) or any(v > limit for v, limit in zip(clock, (23, 59, 59), strict=False)):
+        return None
+    return f"{year:04d}-{month:02d}-{day:02d}" + (" " + ":".join(f"{v:02d}" for v in clock) if clock else "")
+
+
+def not_a_step(name: str) -> str | None:
+    """Why a name that ends in a number does not name a step by it, or None: a date or a time (`run-20261201`,
+    `run-2026-12-01`, `run-20261201-1530`), a version (`model_v3`, Lightning's `-v1`), a decimal (`lr0.001`)."""
     m = NAME.match(EXTENSIONS.sub("", name))
-    return int(m["number"], 10) if m else None
+    if not m:
+        return None
+    series, number = m["series"], m["number"]
+    if STEP_WORD.search(series):
+        return None
+    if date := _is_date(number):
+        return f"its number is a date ({date}), not a step"
+    if re.search(r"(^|[^0-9])(19|20)\d\d[-_.]?(0[1-9]|1[0-2])[-_.]?$", series) or re.search(r"(19|20)\d{6}[-_.T]?$", series):
+        return "its number is part of a date or a time, not a step"
+    if re.search(r"(^|[-_.])[vV]$", series):
+        return "its number is a version, not a step"
+    if re.search(r"\d\.$", series):
+        return "its number is part of a decimal or a dotted version, not a step"
+    return None
+
+
+def step_of(name: str) -> int | None:
+    """The step number a checkpoint's name carries (base 10, zero-padding ignored), or None (also for a number that
+    is no step: a date, a version; see `not_a_step`)."""
+    m = NAME.match(EXTENSIONS.sub("", name))
+    return int(m["number"], 10) if m and not_a_step(name) is None else None
 
 
 def series_of(name: str) -> str | None:
     """What a checkpoint's name says besides its step: `iter_` of `iter_0000040`, `global_step` of `global_step900`."""
     m = NAME.match(EXTENSIONS.sub("", name))
-    return m["series"] if m else None
+    return m["series"] if m and not_a_step(name) is None else None
 
 
 def skip_reason(entry: Entry) -> str | None:
@@ -131,6 +357,10 @@ def skip_reason(entry: Entry) -> str | None:
         return "empty"
     if entry.kind not in ("f", "d", "l"):
         return "not a file or folder"
+    if LIGHTNING_LAST.match(entry.name):
+        return None
+    if reason := not_a_step(entry.name):
+        return reason
     if step_of(entry.name) is None:
         return "not a checkpoint name ending in its step number"
     return None
@@ -287,15 +517,22 @@ def choose(
     contents: dict[str, str] | None = None,
     run: RunFacts | None = None,
     resume_from: Literal["entry", "folder"] = "entry",
+    probes: dict[str, EntryProbe] | None = None,
 ) -> Choice:
     """The highest step number wins; equal steps go to the newest. `refused` (mtime in whole seconds, name)
     entries failed to load once and are never taken again; a newer file under the same name is.
 
     A tracker's word beats the highest step; a save the current run's end may have cut short is skipped; with
     `resume_from="folder"` the trainer's loader picks for itself, so a choice it would not make escalates.
+
+    `probes`, the bytes the host read of the newest entries, come first: an entry whose format proves it cut is never
+    taken (whatever a tracker or the clock says), one whose format proves it whole is never skipped for timing; only
+    an entry of unknown format, or not read, is judged by the timing rule, and its reason says so. Lightning's
+    `last.ckpt`, whole, is the newest save by definition.
     """
-    refused, links, contents = refused or set(), links or {}, contents or {}
+    refused, links, contents, probes = refused or set(), links or {}, contents or {}, probes or {}
     names = {e.name: e for e in entries}
+    content = {e.name: c for e in entries if (c := judge(e, probes.get(e.name))) is not None}
     trackers = _trackers(names, links, contents)
     tracker_files = {MEGATRON_TRACKER, LATEST} & (set(contents) | set(links))
     if broken := [t for t in trackers if t.problem]:
@@ -317,8 +554,11 @@ def choose(
         saves = {e.name: e.written for e in entries if e.name not in tracker_files and e.name not in in_group and _is_save(e.name)}
         saves |= {_listed(members): max(m.written for m in members) for members in groups.values()}
         suspects = cut_short(saves, run)
+        # The clock only judges what the content cannot: a save whose format is known is judged by it.
+        suspects = {name: _by_time(why, content.get(name)) for name, why in suspects.items() if _unknown(content.get(name))}
 
     candidates: list[tuple[int, float, str]] = []
+    lasts: list[Entry] = []
     skipped: list[tuple[str, str]] = []
     loader_pick: tuple[int, str] | None = None  # what a loader reading the folder itself would take
     for entry in sorted(entries, key=lambda e: e.name):
@@ -339,11 +579,19 @@ def choose(
                 reason = f"newer than what {tracker.label} names complete: a save that never finished"  # type: ignore[union-attr]
         if reason is None and (int(entry.mtime), entry.name) in refused:
             reason = "failed to load in an earlier attempt (recorded in the state folder; kept, never deleted)"
+        known = content.get(entry.name)
+        if reason is None and known is not None and known.state == "cut":
+            reason = f"{known.says()}" + (f" (whatever {tracker.label} says)" if entry is tracked and tracker else "")
         reason = reason or suspects.get(entry.name)
         if reason is None and before_step is not None and step is not None and step >= before_step:
             reason = f"written at or after step {before_step}"
+        if reason is None and before_step is not None and step is None and LIGHTNING_LAST.match(entry.name):
+            reason = f"Lightning's {entry.name} names no step: not known to be before step {before_step}"
         if reason:
             skipped.append((entry.name, reason))
+            continue
+        if LIGHTNING_LAST.match(entry.name):
+            lasts.append(entry)
             continue
         candidates.append((step or 0, entry.mtime, entry.name))
 
@@ -355,6 +603,7 @@ def choose(
         reason = reason or next(
             (f"{m.name}: failed to load in an earlier attempt" for m in members if (int(m.mtime), m.name) in refused), None
         )
+        reason = reason or next((f"{m.name}: {c.says()}" for m in members if (c := content.get(m.name)) and c.state == "cut"), None)
         reason = reason or suspects.get(listed)
         if reason is None and tracker is not None:
             reason = f"not of the series {tracker.label} tracks"
@@ -373,6 +622,24 @@ def choose(
         candidates.append((step, max(m.mtime for m in members), files[0]))
         parts_of[files[0]] = files
 
+    if lasts:
+        last = max(lasts, key=lambda e: (e.written, e.name))
+        for e in lasts:
+            if e is not last:
+                skipped.append((e.name, f"an older Lightning last checkpoint than {last.name}"))
+        newer = max(((names[n].written, n) for _, _, n in candidates), default=None)
+        if newer is not None and newer[0] > last.written + CLOCK_SLACK_SECONDS:
+            skipped.append((last.name, f"older than {newer[1]}: Lightning's last save is stale"))
+        else:
+            for _, _, other in candidates:
+                skipped.append((other, f"older than Lightning's {last.name}, the newest save by definition"))
+            said = [f"{name!r}: {reason}" for name, reason in skipped]
+            why = f"Lightning's {last.name}, the newest save by definition; " + _content_why(content.get(last.name))
+            choice = Choice(name=last.name, step=None, why=why, skipped=said, content=_content_why(content.get(last.name)))
+            return (
+                _as_folder(choice, loader_pick[1] if loader_pick else None, tracker, dict(skipped)) if resume_from == "folder" else choice
+            )
+
     said = [f"{name!r}: {reason}" for name, reason in skipped]
     if not candidates:
         if any(not reason.startswith(HARMLESS) for _, reason in skipped):
@@ -385,15 +652,49 @@ def choose(
     step = None if name == "release" and tracked is not None and tracked.name == name else top
     kind = "usable checkpoint(s)" if not parts_of.get(name) else "usable checkpoint(s); this one in parts: " + " + ".join(parts_of[name])
     why = f"highest step ({step}) of {len(candidates)} {kind}" if step is not None else "Megatron's converted `release` checkpoint"
+    said_content = _content_why(content.get(name)) if not parts_of.get(name) else _group_why([content.get(n) for n in parts_of[name]])
+    why += f"; {said_content}"
     if tracker is not None:
         agrees = tracked is not None and tracked.name == name
         why += f"; {tracker.label} names {'it' if agrees else tracker.names} as the newest complete save"
         if not agrees:
             why += f" ({dict(skipped).get(tracker.names or '', 'not taken')})"
-    choice = Choice(name=name, step=step, why=why, skipped=said, parts=parts_of.get(name, []), tracker=tracker.label if tracker else None)
+    choice = Choice(
+        name=name,
+        step=step,
+        why=why,
+        skipped=said,
+        parts=parts_of.get(name, []),
+        tracker=tracker.label if tracker else None,
+        content=said_content,
+    )
     if resume_from == "folder":
         return _as_folder(choice, tracked.name if tracked else (loader_pick[1] if loader_pick else None), tracker, dict(skipped))
     return choice
+
+
+def _unknown(c: Content | None) -> bool:
+    return c is None or c.state == "unknown"
+
+
+def _by_time(why: str, c: Content | None) -> str:
+    """A timing reason, saying that the content could not judge it."""
+    return f"{why}; {_content_why(c)}"
+
+
+def _content_why(c: Content | None) -> str:
+    """What a choice's reasons say of its content."""
+    if c is None:
+        return "content not read (not among the newest entries): judged by time"
+    if c.state == "unknown":
+        return f"format unknown ({c.detail}): judged by time"
+    return c.says()
+
+
+def _group_why(cs: list[Content | None]) -> str:
+    if all(c is not None and c.state == "complete" for c in cs):
+        return f"every part complete by its format ({', '.join(sorted({c.format for c in cs if c}))})"
+    return "format of its parts not all known: judged by time"
 
 
 def _as_folder(choice: Choice, loader_takes: str | None, tracker: _Tracker | None, skipped: dict[str, str]) -> Choice:
@@ -413,6 +714,26 @@ def _as_folder(choice: Choice, loader_takes: str | None, tracker: _Tracker | Non
 def parse_listing(stdout: str) -> list[Entry]:
     """The entries of a listing: `find -printf '%y %T@ E|N %f\\0'` records; a name may hold anything but NUL and `/`."""
     return read_listing(stdout).entries
+
+
+def _b64(text: str) -> bytes | None:
+    try:
+        return b"" if text == "-" else base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _probe(listing: Listing, body: str) -> None:
+    """`P SIZE HEAD TAIL NAME[/PATH]`: HEAD and TAIL base64, `-` for none read."""
+    parts = body.split(" ", 3)
+    if len(parts) != 4 or not parts[0].isdigit():
+        return
+    head, tail = _b64(parts[1]), _b64(parts[2])
+    name, _, rel = parts[3].partition("/")
+    if head is None or tail is None or not name:
+        return
+    read = parts[0] == "0" or not (parts[1] == "-" and parts[2] == "-")
+    listing.probes.setdefault(name, EntryProbe()).files[rel] = Probe(size=int(parts[0]), head=head, tail=tail, read=read)
 
 
 def read_listing(stdout: str) -> Listing:
@@ -444,6 +765,10 @@ def read_listing(stdout: str) -> Listing:
         elif tag == "R":
             key, _, value = body.partition(" ")
             run[key] = value.strip()
+        elif tag == "P":
+            _probe(listing, body)
+        elif tag == "T" and body:
+            listing.probes.setdefault(body, EntryProbe()).crowded = True
         elif len(tag) == 1:
             parts = body.split(" ", 2)
             if len(parts) == 3 and parts[2] and (mtime := number_or_none(parts[0], float)) is not None:

@@ -51,6 +51,7 @@ def pick_checkpoint(target: Target, listing: str | None, before_step: int | None
         contents=found.contents,
         run=found.run,
         resume_from=target.resume_from,
+        probes=found.probes,
     )
     if choice.escalate:
         raise CheckpointUnusable(
