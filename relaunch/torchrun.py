@@ -31,7 +31,7 @@ class RankFailure:
     def signal_number(self) -> int | None:
         return -self.exitcode if self.exitcode < 0 else None
 
-    def describe(self) -> str:
+    def describe(self, role: str = "the first rank to fail (torchrun's root cause)") -> str:
         where = (
             f"rank {self.rank}"
             + (f" (local_rank {self.local_rank}" if self.local_rank is not None else " (")
@@ -39,8 +39,8 @@ class RankFailure:
             + f", host {self.host})"
         )
         if self.signal_number:
-            return f"{where} died of {_signal_name(self.signal_number)}: the first rank to fail (torchrun's root cause)"
-        return f"{where} exited {self.exitcode}: the first rank to fail (torchrun's root cause)"
+            return f"{where} died of {_signal_name(self.signal_number)}: {role}"
+        return f"{where} exited {self.exitcode}: {role}"
 
 
 def root_cause(lines: list[str]) -> RankFailure | None:
@@ -48,11 +48,37 @@ def root_cause(lines: list[str]) -> RankFailure | None:
     start = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].strip() == ROOT_CAUSE), None)
     if start is None:
         return None
+    return _entry(lines[start + 1 : start + 12])
+
+
+def failed_ranks(lines: list[str]) -> list[RankFailure]:
+    """Every rank torchrun's ChildFailedError lists (its `Failures:` and its root cause), in the order it prints them.
+
+    torchrun's "first observed failure" is the first worker it saw exit: a rank that lost its peer and raised may be
+    seen before the peer that died of a signal (cpu/rank_segv_torchrun.log), so the root cause is one failure among these."""
+    end = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].strip() == ROOT_CAUSE), None)
+    if end is None:
+        return []
+    start = next((i for i in range(end, max(-1, end - 200), -1) if lines[i].strip() == "Failures:"), end)
+    blocks: list[list[str]] = []
+    for line in lines[start : end + 12]:
+        if ENTRY.match(line):
+            blocks.append([])
+        elif blocks:
+            blocks[-1].append(line)
+    return [failure for block in blocks if (failure := _entry(block[:8])) is not None]
+
+
+ENTRY = re.compile(r"^\s*\[\d+\]:\s*$")
+
+
+def _entry(block: list[str]) -> RankFailure | None:
+    """One `[k]:` entry of torchrun's failure table: its rank and how it ended."""
     fields: dict[str, str] = {}
-    for line in lines[start + 1 : start + 12]:
+    for line in block:
         m = FIELD.match(line)
         if m:
-            fields[m["key"]] = m["value"].strip()
+            fields.setdefault(m["key"], m["value"].strip())
     rank, code = RANK.match(fields.get("rank", "")), EXITCODE.match(fields.get("exitcode", ""))
     if not rank or not code:
         return None
@@ -64,6 +90,20 @@ def root_cause(lines: list[str]) -> RankFailure | None:
         pid=int(code["pid"]) if code["pid"] else None,
         host=fields.get("host", "?"),
     )
+
+
+# torch prefixes what a rank's Python prints about its failure with its global rank (`[rank1]: Traceback ...`, its
+# glog lines `[rank0]:[E1129 ...`): one log of several ranks says whose each line is.
+RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?")
+
+
+def rank_lines(lines: list[str]) -> dict[int, list[tuple[int, str]]]:
+    """Each rank's own lines, in log order, with their index in `lines` and the `[rankN]:` prefix removed."""
+    out: dict[int, list[tuple[int, str]]] = {}
+    for index, line in enumerate(lines):
+        if m := RANK_PREFIX.match(line):
+            out.setdefault(int(m["rank"]), []).append((index, line[m.end() :]))
+    return out
 
 
 def collective_timeouts(lines: list[str]) -> list[str]:

@@ -15,11 +15,20 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 # fixture, options, verdict, cause, package, a line the evidence must quote
 CASES = [
-    # A saved log names no PID of the run, so the kernel's OOM kill (of pid 5622) cannot be shown to be its: issue 25,
-    # kernel lines count only when they name the run's processes. The evidence still quotes the kill, as another's.
+    # A saved log names no PID of the run (issue 35): the kernel's OOM kill of a process named like the trainer (python),
+    # with exit 137, is the run's, and the evidence says the PID was not given.
     (
         "cpu/host_oom_killed.log",
         ["--exit-code", "137", "--dmesg", str(LOGS / "cpu/host_oom_killed.dmesg")],
+        "crashed",
+        "host_oom_killed",
+        None,
+        "PID not given",
+    ),
+    # Given the trainer's PID, only a kill of that PID is the run's (issue 25): another's is quoted as another's.
+    (
+        "cpu/host_oom_killed.log",
+        ["--exit-code", "137", "--dmesg", str(LOGS / "cpu/host_oom_killed.dmesg"), "--pid", "4242"],
         "crashed",
         "killed",
         None,

@@ -250,6 +250,14 @@ def diagnose(
     seconds_since_log_write: Optional[float] = typer.Option(
         None, help="With --running: how long ago the log last changed (default: its mtime)."
     ),
+    pid: Optional[int] = typer.Option(
+        None, help="The trainer's PID (its run record's `pid`): the kernel's OOM kill of exactly it is the run's."
+    ),
+    started_at: Optional[str] = typer.Option(
+        None,
+        help="When the run started: epoch seconds or ISO 8601 (UTC unless it says). Without --pid, an OOM kill before it "
+        "is not the run's (compared where the kernel lines carry wall-clock times: dmesg --time-format iso).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print verdict, cause, package, evidence, metrics as JSON."),
 ) -> None:
     """Diagnose a saved log: what a person runs on the log of a run that died last night."""
@@ -266,17 +274,24 @@ def diagnose(
             kernel = read_log(dmesg, max_matches=0).tail if dmesg else []
         except OSError as exc:
             raise ConfigError(f"cannot read {exc.filename}: {exc.strerror}") from None
-    quiet = seconds_since_log_write if seconds_since_log_write is not None else max(0.0, time.time() - excerpt.mtime)
+    now = time.time()
+    quiet = seconds_since_log_write if seconds_since_log_write is not None else max(0.0, now - excerpt.mtime)
+    with _errors():
+        started = _epoch(started_at) if started_at is not None else None
+    # The snapshot's clock: the run's start is the log's mtime plus the seconds since that write, less those since launch.
+    since_launch = (excerpt.mtime + quiet - started) if started is not None else 1e9 if running else None
     snap = HealthSnapshot(
         host="(saved log)",
         launched=True,
+        pid=pid,
         pid_alive=running,
         exit_code=None if running else exit_code,
         log_tail=excerpt.tail,
         log_matches=excerpt.matches,
         kernel_lines=kernel,
-        seconds_since_launch=1e9 if running else None,
+        seconds_since_launch=since_launch,
         seconds_since_log_write=quiet,
+        log_mtime_epoch=excerpt.mtime if started is not None else None,
         log_size_bytes=excerpt.size_bytes,
     )
     thresholds = Thresholds(baseline_tokens_per_second=baseline_tokens_per_second)
@@ -300,6 +315,21 @@ def diagnose(
         for line in d.evidence:
             print(f"  | {line}")
     raise typer.Exit(0 if d.verdict.is_fine() else 1)
+
+
+def _epoch(text: str) -> float:
+    """--started-at as epoch seconds: a number is one already; an ISO 8601 time without a zone is UTC."""
+    from datetime import UTC, datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--started-at {text!r}: give epoch seconds or an ISO 8601 time (2026-12-02T21:59:14Z)") from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 @app.command()
