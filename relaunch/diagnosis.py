@@ -11,10 +11,20 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
+from relaunch.activity import HANG_CEILING_FACTOR, Activity, read_activity, stack_sample, typical_step_seconds
 from relaunch.config import Thresholds
 from relaunch.hardware import disk_full_evidence, full_disk_evidence, gpu_fault_evidence
+from relaunch.logtext import NUMBER, printed_number, training_step_mention
 from relaunch.snapshot import HealthSnapshot
-from relaunch.torchrun import RankFailure, collective_timeouts, rendezvous_gap, root_cause, worker_group_failures
+from relaunch.torchrun import (
+    RankFailure,
+    collective_timeouts,
+    failed_ranks,
+    rank_lines,
+    rendezvous_gap,
+    root_cause,
+    worker_group_failures,
+)
 from relaunch.verdicts import (
     CACHE_DAMAGE_WARNING,
     DATALOADER_WORKER_DIED,
@@ -24,25 +34,41 @@ from relaunch.verdicts import (
     LOAD_ERROR_DETAIL,
     MODULE_TO_PACKAGE,
     NATIVE_SIGNALS,
-    NOT_A_TRAINING_STEP,
     NOT_TRAINING_PROGRESS,
+    OUTSIDE_SIGNALS,
+    PEER_LOST,
     REFINEMENTS,
     SIGNAL_NAMES,
     SIGNATURES,
     SLOWDOWN_WARNINGS,
+    STEP_LINE,
     TQDM_PROGRESS,
     WRAPPER_EXCEPTIONS,
     Cause,
     Verdict,
 )
 
+_TOKENS_PER_SECOND = r"tok(?:en)?s?(?:[ _]?per[ _]?|\s*/\s*)s(?:ec(?:ond)?)?"
 DEFAULT_THROUGHPUT = re.compile(
-    # `21.3Ktok/s`, `21500 tok/s`, `1.5M tokens/s`, `900 tok/sec`; or a key first: `tokens_per_sec: 2660`, `tok/s=21300`.
-    r"(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>[kKmM])?\s*(?:tok(?:en)?s?)\s*/\s*s(?:ec)?\b"
-    r"|(?<![A-Za-z])(?:tok(?:en)?s?)(?:[ _]?per[ _]?|\s*/\s*)s(?:ec(?:ond)?)?(?P<keyscope>(?:[ _/-](?:per[ _-]?)?(?:gpu|device|dev|rank))?)['\"]?\s*[=:]\s*(?P<value2>\d+(?:\.\d+)?)(?P<unit2>[kKmM](?![A-Za-z]))?",
+    # `21.3Ktok/s`, `21500 tok/s`, `21,300 tok/s`, `2.13e+04 tok/s`, `1.5M tokens/s`, `900 tok/sec`, `21300 tokens per
+    # second`; or a key first: `tokens_per_sec: 2660`, `tok/s=21300`, `tok/s: 21,300`, `tokens/s (total): 21.3k`. The
+    # number as printed, separators and all (logtext.NUMBER): logtext.printed_number says whether its value is certain.
+    rf"(?<![\w.,'\u2009\u202f\u00a0])(?P<value>{NUMBER})\s*(?P<unit>[kKmM])?\s*{_TOKENS_PER_SECOND}(?![\w])"
+    rf"|(?<![A-Za-z]){_TOKENS_PER_SECOND}(?P<keyscope>(?:[ _/-](?:per[ _-]?)?(?:gpu|device|dev|rank))?)[)\]'\"]?\s*[=:]\s*(?P<value2>{NUMBER})(?P<unit2>[kKmM](?![A-Za-z]))?(?![\w.])",
     re.IGNORECASE,
 )
 UNIT = {"k": 1e3, "m": 1e6}
+# A figure that is not the run's current throughput: a target, a baseline, a peak (`target 21500 tok/s`, `peak_tok/s:
+# 30000`, `21500 tok/s (expected)`). Beside another figure it is passed over; alone it is no reading.
+NOT_A_READING_BEFORE = re.compile(
+    r"\b(?:target|expected|baseline|peak|max(?:imum)?|min(?:imum)?|best|goal|ideal|theoretical|planned)[\s_:=(-]*$", re.I
+)
+NOT_A_READING_AFTER = re.compile(
+    r"^\s*[(\[]?\s*(?:target|expected|baseline|peak|max(?:imum)?|min(?:imum)?|best|goal|ideal)\b(?!\s*[:=]?\s*\d)", re.I
+)
+# A degraded verdict stops the run: it needs this many throughput readings in a row, the last step lines that print
+# one, each certain and each below the threshold. One line, or one figure read uncertain, stops nothing.
+DEGRADED_READINGS = 3
 # Words beside a throughput figure that say whose it is: one GPU's (`2660 tok/s/gpu`, `tokens/s per device`,
 # `per_gpu_tok/s`) or the whole job's (`21.3Ktok/s total`, `total tok/s`, `global throughput: ...`).
 PER_DEVICE_AFTER = re.compile(
@@ -79,10 +105,16 @@ class Diagnosis(BaseModel):
     )
     evidence: list[str] = Field(default_factory=list, description="The log or signal lines that decided.")
     metrics: Metrics = Field(default_factory=Metrics)
+    watching: str | None = Field(
+        None,
+        description="What the poll must still see before it may settle (a quiet run's history too short for its stall "
+        "window, its stacks not yet sampled): the verdict stands for now and stops nothing.",
+    )
+    want_stacks: bool = Field(False, description="The next poll should sample the tree's Python stacks (quiet log, busy tree).")
 
     @property
     def settled(self) -> bool:
-        return self.verdict is not Verdict.STARTING
+        return self.verdict is not Verdict.STARTING and self.watching is None
 
 
 @dataclass(frozen=True)
@@ -103,12 +135,17 @@ class Progress:
     gpu_all_zero_polls: int = 0
     checkpoint_written_at: float | None = None  # seconds since launch of the newest write into checkpoint_dir seen
     polls: int = 0
+    first_poll_at: float | None = None  # seconds since launch of this attempt's first poll: how long it was watched
+    # py-spy samples of a quiet, busy tree: (host time, every thread of every process waiting).
+    stack_samples: tuple[tuple[float, bool, str], ...] = ()
 
 
 @dataclass(frozen=True)
 class Reading:
     steps: list[int] = field(default_factory=list)
-    throughputs: list[float] = field(default_factory=list)
+    throughputs: list[float] = field(default_factory=list)  # the certain readings
+    # One per step line that prints a throughput figure: its value, or None where the figure is not certain.
+    throughput_lines: list[float | None] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)  # one per step line; None where none is printed
 
 
@@ -117,7 +154,7 @@ def read_log(lines: list[str], thresholds: Thresholds) -> Reading:
     tput_re = re.compile(thresholds.throughput_pattern) if thresholds.throughput_pattern else DEFAULT_THROUGHPUT
     loss_re = re.compile(thresholds.loss_pattern, re.IGNORECASE) if thresholds.loss_pattern else DEFAULT_LOSS
     steps: list[int] = []
-    tputs: list[float] = []
+    tputs: list[float | None] = []
     losses: list[float | None] = []
     for line in lines:
         found = step_of(line)
@@ -129,51 +166,77 @@ def read_log(lines: list[str], thresholds: Thresholds) -> Reading:
         steps.append(step)
         loss = loss_re.search(line)
         losses.append(_float_or_none(loss.group("value")) if loss else None)
-        tput = throughput(line, tput_re)
+        tput = read_throughput(line, tput_re)
         if tput is not None:
-            tputs.append(tput)
-    return Reading(steps, tputs, losses)
+            tputs.append(tput.value)
+    return Reading(steps=steps, throughputs=[v for v in tputs if v is not None], throughput_lines=tputs, losses=losses)
 
 
 def step_reader(thresholds: Thresholds) -> Callable[[str], tuple[int, bool] | None]:
     """A function from a log line to (its training step, whether it is a tqdm redraw), or None for no step line.
 
-    A resume, checkpoint load or save line is never a training step, whatever the pattern (NOT_A_TRAINING_STEP).
-    Under the default pattern a tqdm bar's count is a step too, unless the bar is loading or evaluating."""
+    A step mention that a resume, checkpoint load or save or an evaluation governs in its clause is never a training
+    step, whatever the pattern (NOT_A_TRAINING_STEP, logtext.training_step_mention): the first mention that is one
+    counts. Under the default pattern a tqdm or rich bar's count is a step too, unless the bar is loading or
+    evaluating, and so are the shapes of STEP_LINE (`Step 12/1000`, `global_step: 12`, `iteration 12`)."""
     step_re = re.compile(thresholds.step_pattern)
-    tqdm = thresholds.step_pattern == DEFAULT_STEP_PATTERN
+    default = thresholds.step_pattern == DEFAULT_STEP_PATTERN
+    patterns = (step_re, STEP_LINE) if default else (step_re,)
 
     def step_of(line: str) -> tuple[int, bool] | None:
-        if NOT_A_TRAINING_STEP.search(line):
-            return None
-        bar = TQDM_PROGRESS.search(line) if tqdm and "[" in line else None
+        bar = TQDM_PROGRESS.search(line) if default and ("[" in line or "\u2022" in line) else None
         if bar:
-            n = int(bar["n"] or bar["n2"])
+            n = int(bar["n"] or bar["n2"] or bar["n3"])
             # 0 done is the bar drawn before the first iteration (which may compile for minutes): no step yet.
             if n == 0 or NOT_TRAINING_PROGRESS.search(line[: bar.start()]):  # the bar's description
                 return None
             return n, True
-        m = step_re.search(line)
-        return (int(m.group("step")), False) if m else None
+        for pattern in patterns:
+            for m in pattern.finditer(line):
+                if training_step_mention(line, m.start(), m.end()):
+                    text = next(g for g in (m.groupdict().get(k) for k in ("step", "step2", "step3", "step4")) if g)
+                    return int(text.replace(",", "")), False
+        return None
 
     return step_of
 
 
+@dataclass(frozen=True)
+class ThroughputReading:
+    """A line's throughput figure: its value in tokens per second, or None where the figure is not certain."""
+
+    value: float | None
+
+
 def throughput(line: str, pattern: re.Pattern[str]) -> float | None:
+    """Tokens per second on one line; None where it prints none, or none that is certain (read_throughput)."""
+    reading = read_throughput(line, pattern)
+    return reading.value if reading else None
+
+
+def read_throughput(line: str, pattern: re.Pattern[str]) -> ThroughputReading | None:
     """Tokens per second on one line: the whole job's figure over one GPU's (`2660 tok/s/gpu | 21.3Ktok/s total`
     reads 21300), a figure of no stated scope over a per-GPU one, the first of its kind otherwise. A line with
-    per-GPU figures only reads the per-GPU one, as the baseline set from the same printout does."""
-    best: tuple[int, float] | None = None  # (rank: 0 total, 1 unscoped, 2 per device; value)
+    per-GPU figures only reads the per-GPU one, as the baseline set from the same printout does. None: no figure;
+    a reading of value None: the figure chosen is not certain (`21.300 tok/s`, `21,3 tok/s`), or the line's only
+    figures are targets or peaks (`target 21500 tok/s`)."""
+    best: tuple[int, float | None] | None = None  # (rank: 0 total, 1 unscoped, 2 per device, 3 no reading; value)
     for m in pattern.finditer(line):
         groups = m.groupdict()
         text = groups.get("value") or groups.get("value2")
         if text is None:
             continue
-        unit = (groups.get("unit") or groups.get("unit2") or "").lower()
-        value = float(text) * UNIT.get(unit, 1.0)
-        before = re.split(r"[|,;]", line[max(0, m.start() - 40) : m.start()])[-1]
+        unit = groups.get("unit") or groups.get("unit2") or ""
+        value = printed_number(text, unit)
+        lead = line[max(0, m.start() - 40) : m.start()]
+        if value is not None and re.fullmatch(r"\d{3}(?:\.\d+)?", text.split("e")[0].split("E")[0]) and lead.endswith(" "):
+            if re.search(r"(?:^|\s)\d{1,3} $", lead):  # `21 300 tok/s`: a plain space between digit groups, or two figures?
+                value = None
+        before = re.split(r"[|,;]", lead)[-1]
         after = line[m.end() : m.end() + 24]
-        if TOTAL_AFTER.search(after) or TOTAL_BEFORE.search(before) or TOTAL_BEFORE.search(m.group(0)):
+        if NOT_A_READING_BEFORE.search(before) or NOT_A_READING_AFTER.search(after):
+            rank = 3
+        elif TOTAL_AFTER.search(after) or TOTAL_BEFORE.search(before) or TOTAL_BEFORE.search(m.group(0)):
             rank = 0
         elif groups.get("keyscope") or PER_DEVICE_AFTER.search(after) or PER_DEVICE_BEFORE.search(before):
             rank = 2
@@ -181,7 +244,17 @@ def throughput(line: str, pattern: re.Pattern[str]) -> float | None:
             rank = 1
         if best is None or rank < best[0]:
             best = (rank, value)
-    return best[1] if best else None
+    if best is None:
+        return None
+    return ThroughputReading(None if best[0] == 3 else best[1])
+
+
+def slow_throughput(reading: Reading, threshold: float) -> list[float] | None:
+    """The last DEGRADED_READINGS throughput readings where each is certain and below threshold; None otherwise."""
+    last = reading.throughput_lines[-DEGRADED_READINGS:]
+    if len(last) < DEGRADED_READINGS or any(v is None or v >= threshold for v in last):
+        return None
+    return [v for v in last if v is not None]
 
 
 def _float_or_none(text: str) -> float | None:
@@ -205,6 +278,10 @@ def advance(progress: Progress, snap: HealthSnapshot, thresholds: Thresholds) ->
     now = snap.seconds_since_launch or 0.0
     reading = read_log(snap.log_tail, thresholds)
     p = replace(progress, polls=progress.polls + 1)
+    if p.first_poll_at is None:
+        p = replace(p, first_poll_at=now)
+    if snap.stacks is not None and snap.host_now_epoch is not None:
+        p = replace(p, stack_samples=(*p.stack_samples, (snap.host_now_epoch, *stack_sample(snap.stacks)))[-12:])
     if progress.polls == 0:
         # First sight of a run under way: its last line is as old as the log's last write.
         seen_at = now - (snap.seconds_since_log_write or 0.0)
@@ -244,12 +321,96 @@ def checkpoint_written_at(snap: HealthSnapshot) -> float | None:
     return (snap.seconds_since_launch or 0.0) - age
 
 
-def stall_window_seconds(progress: Progress, thresholds: Thresholds) -> float:
-    """The floor, or a multiple of the observed step interval when that is longer."""
-    if not progress.step_intervals:
+def stall_window_seconds(progress: Progress, thresholds: Thresholds, activity: Activity | None = None) -> float:
+    """The floor, or a multiple of the observed step interval when that is longer: the intervals of this check's polls
+    and of every earlier poll of the run (its journal), so a run stepping every 24 s has a 240 s window on any look."""
+    typical = typical_step_seconds(activity, progress.step_intervals)
+    if typical is None:
         return thresholds.stall_window_floor_seconds
-    typical = statistics.median(progress.step_intervals)
     return max(thresholds.stall_window_floor_seconds, thresholds.stall_interval_factor * typical)
+
+
+def run_activity(snap: HealthSnapshot, progress: Progress, thresholds: Thresholds, last_step: int | None) -> tuple[Activity | None, float]:
+    """The run's history and its stall window (the window needs the history's step intervals, the CPU the window)."""
+    first = read_activity(snap, last_step, thresholds.stall_window_floor_seconds, progress.stack_samples)
+    window = stall_window_seconds(progress, thresholds, first)
+    return read_activity(snap, last_step, window, progress.stack_samples), window
+
+
+def _quiet_verdict(
+    snap: HealthSnapshot, activity: Activity, window: float, metrics: Metrics, what: str, evidence: list[str]
+) -> Diagnosis | None:
+    """A run with no step and no write for the window: stalled, watched on, or judged busy (None: not quiet).
+
+    Never on one look: history shorter than the window is watched, not judged. CPU the tree gained over the window is
+    work unless every stack sampled over it waits; a busy tree whose stacks cannot be read is given HANG_CEILING_FACTOR
+    windows."""
+    since_write = activity.since_write_seconds if activity.since_write_seconds is not None else activity.history_seconds
+    # No advance seen: the step stood still all the history long, where polls journaled it; where none did (single
+    # looks), a step line is a write, so the writes are the history of the steps too.
+    since_step = (
+        activity.since_step_seconds
+        if activity.since_step_seconds is not None
+        else activity.history_seconds
+        if activity.steps_journaled
+        else since_write
+    )
+    holding = Verdict.HEALTHY if metrics.steps_seen else Verdict.STARTING
+    young = activity.history_seconds < window
+    # A history shorter than the window cannot show a quiet one; the log's mtime against the clock then says only
+    # whether to watch on (a stale mtime decides nothing: a clock behind, a log elsewhere).
+    suspect = young and (snap.seconds_since_log_write or 0.0) >= window and since_step >= activity.history_seconds
+    if (since_step < window or since_write < window) and not suspect:
+        return None
+    quiet = f"no {what} and no write (log, open files, checkpoint_dir) for {min(since_step, since_write):.0f} s"
+    if young:
+        return Diagnosis(
+            verdict=holding,
+            summary=f"quiet; watching it for its {window:.0f} s stall window ({activity.history_seconds:.0f} s seen)",
+            evidence=[
+                quiet,
+                f"watched for {activity.history_seconds:.0f} s of the {window:.0f} s window: nothing is judged on one look",
+                *evidence,
+            ],
+            metrics=metrics,
+            watching=f"the stall window: {activity.history_seconds:.0f} of {window:.0f} s",
+        )
+    cpu = f"its processes used {activity.cpu_cores:.2f} cores over the window" if activity.cpu_cores is not None else "CPU not measured"
+    if not activity.busy():
+        return Diagnosis(
+            verdict=Verdict.STALLED,
+            summary=f"no new step for {since_step:.0f} s and its processes idle",
+            evidence=[f"{quiet} (stall window {window:.0f} s, watched {activity.history_seconds:.0f} s)", cpu, *evidence],
+            metrics=metrics,
+        )
+    if activity.stacks_waiting:
+        return Diagnosis(
+            verdict=Verdict.STALLED,
+            summary=f"no new step for {since_step:.0f} s: every stack waits (a hang)",
+            evidence=[
+                f"{quiet} (stall window {window:.0f} s)",
+                f"{cpu}, but every thread of every sampled stack waits (a collective, a barrier, a lock, a queue, a sleep)",
+                *evidence,
+            ],
+            metrics=metrics,
+        )
+    if activity.stacks_waiting is False:
+        return None  # its stacks compute (an evaluation, a long step, a save, a compile): work, not a stall
+    if since_step >= HANG_CEILING_FACTOR * window:
+        return Diagnosis(
+            verdict=Verdict.STALLED,
+            summary=f"no new step for {since_step:.0f} s though its processes are busy",
+            evidence=[f"{quiet}: {HANG_CEILING_FACTOR:.0f} stall windows", cpu, "its stacks could not be sampled (py-spy)", *evidence],
+            metrics=metrics,
+        )
+    return Diagnosis(
+        verdict=holding,
+        summary=f"quiet for {since_step:.0f} s but busy: sampling its stacks",
+        evidence=[quiet, f"{cpu}: computing, or spinning in a hang? its stacks decide", *evidence],
+        metrics=metrics,
+        watching="the tree's stacks",
+        want_stacks=True,
+    )
 
 
 def diagnose(
@@ -308,6 +469,16 @@ def _unmanaged_or_stopped(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis |
         summary = f"the target's session holds a run relaunch did not start, writing {snap.foreign_log}: adopt it (relaunch adopt TARGET)"
         evidence = [*[f"in the session: {line}" for line in snap.foreign], f"its log: {snap.foreign_log}"]
         return Diagnosis(verdict=Verdict.UNMANAGED, summary=summary, evidence=evidence, metrics=metrics)
+    if snap.strays and not snap.pid_alive:
+        # A trainer of this target runs that relaunch has no record of: a launch beside it would be a second trainer
+        # on the same checkpoints, and a stop on no record would end a run that may be healthy.
+        evidence = [
+            *[f"running, not on record: {_stray_name(line)}" for line in snap.strays],
+            "a trainer started by hand outside tmux, under the target's old name, or whose state folder was removed: "
+            "nothing stopped, nothing launched; let it run, or end it yourself and `relaunch recover TARGET`",
+        ]
+        summary = f"a trainer of this target runs without a record ({_stray_name(snap.strays[0])}): nothing stopped or launched"
+        return Diagnosis(verdict=Verdict.UNMANAGED, summary=summary, evidence=evidence, metrics=metrics)
     if snap.stopped_at is not None and not snap.pid_alive:
         when = datetime.fromtimestamp(snap.stopped_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         return Diagnosis(
@@ -317,6 +488,14 @@ def _unmanaged_or_stopped(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis |
             metrics=metrics,
         )
     return None
+
+
+def _stray_name(line: str) -> str:
+    """`123 program python train.py` as a person reads it: `python train.py` (pid 123, runs train.py in repo_dir)."""
+    pid, _, rest = line.strip().partition(" ")
+    how, _, command = rest.partition(" ")
+    found = "carries this target's marker" if how == "marker" else "runs the launch command's program in repo_dir"
+    return f"`{command.strip()}` (pid {pid}, {found})"
 
 
 def _foreign_name(line: str) -> str:
@@ -371,6 +550,9 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
         else set()
     )
     oom_kernel = _kernel_oom_lines(snap, workers)
+    if not oom_kernel and code == 137 and not workers and not _run_pids(snap):
+        # A saved log names no PID: an OOM kill of a process named like the trainer, with the exit code of a SIGKILL.
+        oom_kernel = _unnamed_oom_lines(snap)
     exit_text = (
         f"exit code {code}"
         if code is not None
@@ -381,10 +563,25 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
     if cause is not None and cause[0] in (Cause.BROKEN_CHECKPOINT, Cause.CHECKPOINT_INCOMPATIBLE) and metrics.steps_seen:
         # It stepped, so the checkpoint it was given loaded: the load error is about something else.
         cause = (Cause.ERROR, None, cause[2])
+    if code is not None and code - 128 in OUTSIDE_SIGNALS and not oom_kernel:
+        # A signal from outside ended it, whatever it printed as it went (Ctrl-C's KeyboardInterrupt traceback).
+        name = SIGNAL_NAMES[code - 128]
+        printed = [f"it printed as it went: {line}" for line in cause[2][-1:]] if cause else _last_lines(snap, 2)
+        return Diagnosis(
+            verdict=Verdict.CRASHED,
+            cause=Cause.KILLED,
+            summary=f"killed by {name}",
+            evidence=[*printed, f"{exit_text} ({name})", *_outside_note(code - 128), *_others_oom(snap)],
+            metrics=metrics,
+        )
     rank = root_cause(snap.log_tail)
-    if rank and (cause is None or (cause[0] is Cause.ERROR and WRAPPER_EXCEPTIONS.search(cause[2][-1]))):
+    # The rank torchrun saw fail first died of a signal while the log's first failure only says a peer was lost: that
+    # rank is the cause (an abort after a lost collective is the collective's, gpu/nccl_watchdog_timeout.log).
+    lost = cause is not None and _knock_on(cause) and rank is not None and rank.signal_number not in (None, 6)
+    if rank and (cause is None or (cause[0] is Cause.ERROR and WRAPPER_EXCEPTIONS.search(cause[2][-1])) or lost):
         # torchrun's wrapper error says nothing; the rank that failed first does.
-        return _rank_failure(rank, snap, metrics, exit_text)
+        peers = [f"its peers only lost it: {cause[2][0]}"] if lost and cause else []
+        return _rank_failure(rank, snap, metrics, exit_text, peers)
     if cause is not None and not (oom_kernel and (cause[0] is Cause.ERROR or workers)):
         kind, package, decisive = cause
         gap = None
@@ -401,6 +598,11 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
                 decisive += restarts
                 summary = f"torchrun restarted its worker group {len(restarts) - 1} time(s) and it failed again: {summary}"
             summary = gap or summary
+        if kind is Cause.KILLED:
+            decisive = [*decisive, *_outside_note(_signal_said(decisive))]
+        aborted = code == 134 or (rank is not None and rank.signal_number == 6)
+        if kind is Cause.DISTRIBUTED_FAILURE and aborted:
+            decisive.append("the SIGABRT that followed is this error's: nothing caught it, and C++'s terminate aborts the process")
         if kind is Cause.CHECKPOINT_INCOMPATIBLE:
             # What did not fit, as torch says it: the refused global, the missing keys, the first shape mismatch.
             detail = [line.strip() for line in lines if LOAD_ERROR_DETAIL.match(line)][:3]
@@ -491,7 +693,7 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
     )
 
 
-def _rank_failure(rank: RankFailure, snap: HealthSnapshot, metrics: Metrics, exit_text: str) -> Diagnosis:
+def _rank_failure(rank: RankFailure, snap: HealthSnapshot, metrics: Metrics, exit_text: str, peers: list[str] | None = None) -> Diagnosis:
     signal = rank.signal_number
     cause = Cause.NATIVE_CRASH if signal in NATIVE_SIGNALS else Cause.KILLED if signal else Cause.ERROR
     summary = rank.describe()
@@ -507,7 +709,35 @@ def _rank_failure(rank: RankFailure, snap: HealthSnapshot, metrics: Metrics, exi
             evidence=[summary, *failures, f"launcher: {exit_text}"],
             metrics=metrics,
         )
-    return Diagnosis(verdict=Verdict.CRASHED, cause=cause, summary=summary, evidence=[summary, f"launcher: {exit_text}"], metrics=metrics)
+    note = _outside_note(signal) if signal in OUTSIDE_SIGNALS else []
+    return Diagnosis(
+        verdict=Verdict.CRASHED,
+        cause=cause,
+        summary=summary,
+        evidence=[summary, f"launcher: {exit_text}", *note, *(peers or [])],
+        metrics=metrics,
+    )
+
+
+OUTSIDE_NOTES = {
+    2: "SIGINT is what Ctrl-C sends: a person may have meant to stop it (`relaunch stop` keeps a run stopped)",
+    1: "SIGHUP: the terminal or SSH session that started it closed (a run outside tmux or nohup)",
+    15: "SIGTERM: a scheduler's preemption, a shutdown or a person",
+}
+
+
+def _outside_note(signal: int | None) -> list[str]:
+    return [OUTSIDE_NOTES[signal]] if signal in OUTSIDE_NOTES else []
+
+
+def _signal_said(lines: list[str]) -> int | None:
+    """The outside signal a KILLED cause's lines name: Python's KeyboardInterrupt (SIGINT), torchrun's `got signal: N`."""
+    for line in lines:
+        if line.strip() == "KeyboardInterrupt":
+            return 2
+        if m := re.search(r"got signal: (\d+)", line):
+            return int(m[1])
+    return None
 
 
 def _checkpoint_note(snap: HealthSnapshot) -> list[str]:
@@ -526,9 +756,69 @@ def _shm_note(snap: HealthSnapshot) -> list[str]:
     return []
 
 
-def classify_failure(lines: list[str]) -> tuple[Cause, str | None, list[str]] | None:
-    """The first failure in time: (cause, package to install, decisive lines), or None."""
-    fallback: tuple[Cause, str | None, list[str]] | None = None
+Failure = tuple[Cause, str | None, list[str]]
+# C++'s last words for an exception nothing caught; its message is on the `what():` line under it.
+CXX_TERMINATE = re.compile(r"terminate called after throwing an instance of '")
+
+
+def classify_failure(lines: list[str]) -> Failure | None:
+    """The first failure in time: (cause, package to install, decisive lines), or None.
+
+    In a log of several ranks the root cause is a rank that failed by itself, not its peers' knock-on: where the first
+    failure is a lost peer or collective (PEER_LOST) or only a launcher's wrapper, a rank's own failure (its exception,
+    read from its `[rankN]:` lines; a native signal in torchrun's failure table) is the cause, whatever the order of the
+    ranks' lines; torchrun's root cause decides between several, the earliest otherwise."""
+    first = _first_failure(lines)
+    if first is not None and not _knock_on(first) and not WRAPPER_EXCEPTIONS.search(first[2][-1]):
+        return first
+    return _own_rank_failure(lines, first) or first
+
+
+def _knock_on(failure: Failure) -> bool:
+    """A distributed failure that only says a peer was lost (its socket closed, its collective timed out)."""
+    return failure[0] is Cause.DISTRIBUTED_FAILURE and any(PEER_LOST.search(line) for line in failure[2])
+
+
+def _own_rank_failure(lines: list[str], first: Failure | None) -> Failure | None:
+    """The failure of a rank that failed by itself, beside ranks that only lost it; None where no rank did."""
+    root, table = root_cause(lines), failed_ranks(lines)
+    # (rank, where in the log, its failure)
+    own: list[tuple[int, int, Failure]] = []
+    for rank, numbered in rank_lines(lines).items():
+        found = _first_failure([line for _, line in numbered])
+        if found is None or _knock_on(found) or WRAPPER_EXCEPTIONS.search(found[2][-1]):
+            continue
+        at = next((i for i, line in numbered if line.rstrip() == found[2][0]), numbered[0][0])
+        own.append((rank, at, (found[0], found[1], [f"[rank{rank}]: {line}" for line in found[2]])))
+    # A rank that died of its own native signal prints nothing; torchrun's table says it. An abort after a distributed
+    # error is that error's consequence (C++'s terminate), not a rank's own crash.
+    distributed = first is not None and first[0] is Cause.DISTRIBUTED_FAILURE
+    for failure in table:
+        signal = failure.signal_number
+        if signal in NATIVE_SIGNALS and not (signal == 6 and distributed) and failure.rank not in {r for r, _, _ in own}:
+            own.append((failure.rank, len(lines), (Cause.NATIVE_CRASH, None, [failure.describe("its own native signal")])))
+    if not own:
+        return None
+    rank, _, (cause, package, decisive) = min(own, key=lambda o: (not (root and root.rank == o[0]), o[1]))
+    named = (
+        " (torchrun's root cause)"
+        if root and root.rank == rank
+        else f" (torchrun named rank {root.rank}, the first it saw exit)"
+        if root
+        else ""
+    )
+    if first is not None and _knock_on(first):
+        note = f"rank {rank} failed by itself{named}; its peers only lost it: {first[2][0]}"
+    elif first is not None:
+        note = f"rank {rank} failed by itself{named}: its own error, which {first[2][-1].strip()} only carries"
+    else:
+        note = f"rank {rank} failed by itself{named}"
+    return cause, package, [note, *decisive]
+
+
+def _first_failure(lines: list[str]) -> Failure | None:
+    """The first failure in time, line by line (SIGNATURES, then a traceback's closing exception line)."""
+    fallback: Failure | None = None
     unraisable = False
     for index, line in enumerate(lines):
         stripped = line.rstrip()
@@ -548,7 +838,9 @@ def classify_failure(lines: list[str]) -> tuple[Cause, str | None, list[str]] | 
                     return cause, package, [stripped]
             elif pattern.search(stripped):
                 narrower, because = _refined(cause, lines, index)
-                decisive = _with_exception_line(lines, index)
+                # C++'s terminate: its `what():` line is the message (the next Python exception line is another's).
+                what = CXX_TERMINATE.match(stripped) and next((x.strip() for x in lines[index + 1 : index + 3] if "what():" in x), None)
+                decisive = [stripped, what] if what else _with_exception_line(lines, index)
                 return narrower, None, decisive + ([because.strip()] if because and because.strip() not in decisive else [])
         if EXCEPTION_LINE.match(stripped):
             if not WRAPPER_EXCEPTIONS.search(stripped):
@@ -628,6 +920,63 @@ def _kernel_oom_lines(snap: HealthSnapshot, also: set[int] | None = None) -> lis
     return [line.strip() for line in snap.kernel_lines if _oom_pid(line) in ours][:3]
 
 
+# The names a trainer's processes have in the kernel's report (its `comm`): the interpreter, torch's own threads and
+# workers (`pt_main_thread`, `pt_data_worker`, torchrun's `pt_elastic`), the launchers.
+TRAINER_PROCESS = re.compile(r"^(?:python[\d.]*|pt_\w+|torchrun|deepspeed|accelerate|lightning)$")
+KILLED_NAME = re.compile(r"Killed process \d+ \((?P<name>[^)]+)\)|\btask=(?P<task>[^,]+),pid=")
+# dmesg --time-format iso, journalctl -k -o short-iso: `2026-12-02T21:59:14,545642+00:00 ...` (a wall clock; plain dmesg
+# prints seconds since boot, which no run's start can be compared with).
+KERNEL_ISO_TIME = re.compile(r"^(?P<t>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.]\d+)?(?P<tz>[+-]\d\d:?\d\d|Z)?")
+
+
+def _unnamed_oom_lines(snap: HealthSnapshot) -> list[str]:
+    """Where no PID of the run is known (a saved log, no --pid): OOM kills of a process named like the trainer, not before
+    the run's start where both clocks are known, and a line saying the PID was not given. Empty if there is none."""
+    started = _started_epoch(snap)
+    kills, compared = [], False
+    for line in snap.kernel_lines:
+        named = KILLED_NAME.search(line)
+        if _oom_pid(line) is None or not named or not TRAINER_PROCESS.match((named["name"] or named["task"]).strip()):
+            continue
+        at = _kernel_epoch(line)
+        if started is not None and at is not None:
+            compared = True
+            if at < started - 1.0:
+                continue
+        kills.append(line.strip())
+    if not kills:
+        return []
+    name = next(m["name"] or m["task"] for line in kills if (m := KILLED_NAME.search(line)))
+    when = (
+        "at or after the run's start (--started-at)"
+        if compared
+        else "at a time not compared with the run's start (the kernel lines carry no wall-clock time: dmesg --time-format iso)"
+        if started is not None
+        else "at a time not compared with the run's start (give --started-at, and dmesg --time-format iso)"
+    )
+    note = (
+        f"PID not given (--pid): the kernel's OOM killer took a process named like the trainer ({name}) {when}, "
+        "and exit code 137 is a SIGKILL's; with the trainer's PID the kill would be certain to be the run's"
+    )
+    return [*kills[:3], note]
+
+
+def _kernel_epoch(line: str) -> float | None:
+    m = KERNEL_ISO_TIME.match(line.strip())
+    if not m:
+        return None
+    tz = m["tz"] or "+00:00"
+    tz = "+00:00" if tz == "Z" else tz if ":" in tz else f"{tz[:3]}:{tz[3:]}"
+    return datetime.fromisoformat(m["t"] + tz).timestamp()
+
+
+def _started_epoch(snap: HealthSnapshot) -> float | None:
+    """The run's start on the host's clock: the log's mtime, plus the seconds since that write, less those since launch."""
+    if snap.log_mtime_epoch is None or snap.seconds_since_log_write is None or snap.seconds_since_launch is None:
+        return None
+    return snap.log_mtime_epoch + snap.seconds_since_log_write - snap.seconds_since_launch
+
+
 def _others_oom(snap: HealthSnapshot) -> list[str]:
     """A note that the kernel's OOM kills were of other processes, so a reader does not take them for the cause."""
     ours = _run_pids(snap)
@@ -655,16 +1004,21 @@ def _oom_pid(line: str) -> int | None:
 def _alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, gpu_indexes: list[int] | None = None) -> Diagnosis:
     now = snap.seconds_since_launch or 0.0
     gpu_evidence = _gpu_evidence(snap, t, p, gpu_indexes)
-    window = stall_window_seconds(p, t)
+    activity, window = run_activity(snap, p, t, metrics.last_step)
     if metrics.steps_seen == 0:
-        return _starting_or_stalled(snap, t, p, metrics, gpu_evidence)
+        return _starting_or_stalled(snap, t, p, metrics, gpu_evidence, activity)
     stepped_at = p.step_changed_at if p.step_changed_at is not None else now
     since_step = now - stepped_at
     # A checkpoint written since the last step line, within the window, is a save in progress (a long torch.save
     # prints nothing): killing it mid-save leaves a half-written checkpoint to resume from.
     saved = p.checkpoint_written_at
     saving = saved is not None and saved > stepped_at and now - saved < window
-    if since_step >= window and (snap.seconds_since_log_write or 0) >= min(window, since_step) and not saving:
+    if activity is not None:
+        # The run's own history decides (RUN/journal): step advances, writes and CPU between polls, never one look.
+        quiet = _quiet_verdict(snap, activity, window, metrics, "new step", [f"last step line: {_last_step_line(snap, t)}", *gpu_evidence])
+        if quiet is not None:
+            return quiet
+    elif since_step >= window and (snap.seconds_since_log_write or 0) >= min(window, since_step) and not saving:
         ev = [
             f"no new step line for {since_step:.0f} s (stall window {window:.0f} s)",
             f"last step line: {_last_step_line(snap, t)}",
@@ -692,7 +1046,9 @@ def _alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, g
             metrics=metrics,
         )
     tps, base = metrics.tokens_per_second, t.baseline_tokens_per_second
-    if tps is not None and base is not None and tps < t.degraded_ratio * base:
+    slow = slow_throughput(reading, t.degraded_ratio * base) if base is not None else None
+    if tps is not None and base is not None and slow is not None:
+        tps = statistics.median(slow)
         warnings = _dedupe([line.strip() for line in [*snap.log_matches, *snap.log_tail] if SLOWDOWN_WARNINGS.search(line)])[:3]
         ev = [
             f"{tps:.0f} tok/s is {tps / base:.0%} of the {base:.0f} tok/s baseline (threshold {t.degraded_ratio:.0%})",
@@ -707,8 +1063,28 @@ def _alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, g
     )
 
 
-def _starting_or_stalled(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, gpu_evidence: list[str]) -> Diagnosis:
+def _starting_or_stalled(
+    snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, gpu_evidence: list[str], activity: Activity | None = None
+) -> Diagnosis:
     now = snap.seconds_since_launch or 0.0
+    if activity is not None and now >= t.startup_grace_seconds:
+        # Past its grace, a start-up is judged as a stepping run is: by what its processes did over the window.
+        quiet = _quiet_verdict(snap, activity, t.stall_window_floor_seconds, metrics, "step line", [*_last_lines(snap, 1), *gpu_evidence])
+        if quiet is not None and not (
+            quiet.verdict is Verdict.STALLED and p.gpu_rose_at is not None and now - p.gpu_rose_at < t.stall_window_floor_seconds
+        ):
+            return quiet
+    if activity is not None and now >= t.startup_grace_seconds:
+        return Diagnosis(
+            verdict=Verdict.STARTING,
+            summary=f"starting for {now:.0f} s",
+            evidence=[
+                f"start-up is past its {t.startup_grace_seconds:.0f} s grace but still progressing",
+                *_last_lines(snap, 1),
+                *gpu_evidence,
+            ],
+            metrics=metrics,
+        )
     # A checkpoint written counts as the log growing does (a save before the first step: step 0's).
     last_progress = max(x for x in (p.log_grew_at, p.gpu_rose_at, p.checkpoint_written_at, 0.0) if x is not None)
     quiet = min(now - last_progress, snap.seconds_since_log_write if snap.seconds_since_log_write is not None else now)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from relaunch.errors import ConfigError
+from relaunch.verdicts import CLAUSE_BREAK, GOVERNS_AFTER, NOT_A_TRAINING_STEP, PATH_TOKEN
 
 MAX_LINE_CHARS = 2000
 
@@ -106,6 +107,51 @@ def _cap(line: str, unread: int = 0) -> str:
         return line
     more = len(line) - min(len(line), MAX_LINE_CHARS) + unread
     return f"{line[:MAX_LINE_CHARS]} … [{'~' if unread else ''}{more} more chars]"
+
+
+# ---- numbers and step mentions as people print them ----------------------------------------------------------
+
+# A number as printed, separators and all: `21300`, `21,300`, `21_300`, `21'300`, `21 300` (thin or no-break spaces),
+# `2.13e+04`, `21.3`; also what it must not be read as (`21.300`, `21,3`, `21.300,5`), to be told apart below.
+NUMBER = r"\d(?:[\d,_'\u2009\u202f\u00a0.]*\d)?(?:[eE][-+]?\d+)?"
+_PLAIN = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_GROUPED = re.compile(r"\d{1,3}(?P<sep>[,_'\u2009\u202f\u00a0])\d{3}(?:(?P=sep)\d{3})*(?:\.\d+)?")
+# `21.300`: 21.3 printed to three places, or European thousands? Either; so neither.
+_DOT_OR_THOUSANDS = re.compile(r"[1-9]\d{0,2}\.\d{3}")
+SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6}
+
+
+def printed_number(text: str, suffix: str = "") -> float | None:
+    """The value of a number as people print it (`21,300`, `21_300`, `21'300`, `2.13e+04`, `21.3` with suffix `k`),
+    or None where it is not certain: a separator that may be a decimal mark (`21,3`, `21.300`, `21.300,5`), groups
+    that are not thousands (`2,13,000`), a separator beside an exponent."""
+    scale = SUFFIX.get(suffix.lower())
+    if scale is None:
+        return None
+    if _PLAIN.fullmatch(text):
+        if not suffix and _DOT_OR_THOUSANDS.fullmatch(text):
+            return None
+        return float(text) * scale
+    grouped = _GROUPED.fullmatch(text)
+    if grouped:
+        return float(text.replace(grouped["sep"], "")) * scale
+    return None
+
+
+def training_step_mention(line: str, start: int, end: int) -> bool:
+    """Whether the step mention line[start:end] reports a training step (verdicts.NOT_A_TRAINING_STEP's rule): not
+    inside a path or file name, and not governed by a resume, load, save or eval word in its clause (before it, or
+    after it one of GOVERNS_AFTER)."""
+    token_start = max(line.rfind(" ", 0, start), line.rfind("\t", 0, start)) + 1
+    token_end = next((i for i in range(start, len(line)) if line[i] in " \t"), len(line))
+    if PATH_TOKEN.search(line[token_start:token_end].strip("'\"`()[]<>,")):
+        return False
+    clause_start = max((m.end() for m in CLAUSE_BREAK.finditer(line, 0, start)), default=0)
+    after = CLAUSE_BREAK.search(line, end)
+    clause_end = after.start() if after else len(line)
+    if NOT_A_TRAINING_STEP.search(line, clause_start, end):
+        return False
+    return not any(GOVERNS_AFTER.match(m.group(0)) for m in NOT_A_TRAINING_STEP.finditer(line, end, clause_end))
 
 
 # ---- the file ----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from relaunch import runlayout
 from relaunch.config import Target
 from relaunch.gpufaults import parse_gpu_health
 from relaunch.logtext import clean_lines
-from relaunch.snapshot import DiskFree, GpuSample, HealthSnapshot
+from relaunch.snapshot import DiskFree, GpuSample, HealthSnapshot, JournalPoll, JournalStep, OpenWrite
 
 N = TypeVar("N", int, float)
 
@@ -100,6 +100,10 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         "disk": [],
         "tree": [],
         "foreign": [],
+        "writing": [],
+        "stacks": [],
+        "journal": [],
+        "strays": [],
     }
     current: list[str] | None = None
     # Only \n separates the poll's own lines; a \r inside a log line is the log's business (clean_lines).
@@ -112,6 +116,8 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         elif current is not None:
             current.append(line)
     tail_start = number_or_none(fields.get("tail_start"), int) or 0
+    seen = {key for key in sections if any(line.startswith(f"{mark}{key}") for line in stdout.split("\n"))}
+    journal, journal_steps = parse_journal(sections["journal"])
     tail = clean_lines("\n".join(sections["tail"]))
     if fields.get("tail_partial") == "1" and tail:
         tail = tail[1:]
@@ -148,7 +154,52 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         foreign=[line.strip() for line in sections["foreign"] if line.strip()],
         foreign_log=fields.get("foreign_log") or None,
         log_followed=fields.get("log_followed") or None,
+        host_now_epoch=now,
+        tree_cpu_ticks=number_or_none(fields.get("tree_cpu_ticks"), int),
+        tree_wchar_bytes=number_or_none(fields.get("tree_wchar"), int),
+        writing=parse_writing(sections["writing"]),
+        stacks="\n".join(sections["stacks"]) if "stacks" in seen else None,
+        journal=journal,
+        journal_steps=journal_steps,
+        strays=[line.strip() for line in sections["strays"] if line.strip()],
     )
+
+
+def parse_writing(lines: list[str]) -> list[OpenWrite]:
+    """`SIZE MTIME PATH` lines (snapshot.sh's tree_activity); a path may hold spaces."""
+    out = []
+    for line in lines:
+        size, _, rest = line.partition(" ")
+        mtime, _, path = rest.partition(" ")
+        if size.isdigit() and (m := number_or_none(mtime, float)) is not None and path:
+            out.append(OpenWrite(size_bytes=int(size), mtime_epoch=m, path=path))
+    return out
+
+
+def parse_journal(lines: list[str]) -> tuple[list[JournalPoll], list[JournalStep]]:
+    """RUN/journal: `P NOW CPU LOG_SIZE WRITTEN WRITTEN_MTIME CKPT_MTIME` and `S HOSTTIME STEP` lines; a torn line is skipped."""
+    polls: list[JournalPoll] = []
+    steps: list[JournalStep] = []
+    for line in lines:
+        f = line.split()
+        try:
+            if f[:1] == ["P"] and len(f) == 7:
+                ckpt = None if f[6] in ("-", "") else float(f[6])
+                polls.append(
+                    JournalPoll(
+                        at_epoch=float(f[1]),
+                        cpu_ticks=int(f[2]),
+                        log_size_bytes=int(f[3]),
+                        written_bytes=int(f[4]),
+                        written_mtime_epoch=float(f[5]),
+                        checkpoint_mtime_epoch=ckpt,
+                    )
+                )
+            elif f[:1] == ["S"] and len(f) == 3:
+                steps.append(JournalStep(at_epoch=float(f[1]), step=int(f[2])))
+        except ValueError:
+            continue
+    return polls, steps
 
 
 OFFSET = re.compile(r"^(\d+)[:-](.*)$", re.DOTALL)

@@ -23,6 +23,32 @@ class DiskFree(BaseModel):
         return self.available_bytes / 1e9
 
 
+class OpenWrite(BaseModel):
+    """A regular file the run's tree holds open for writing, as seen through its descriptor."""
+
+    size_bytes: int
+    mtime_epoch: float = Field(description="Host clock.")
+    path: str = Field(description="Where the descriptor points (` (deleted)` when the file was removed under the writer).")
+
+
+class JournalPoll(BaseModel):
+    """One poll of the run, as the host journaled it (RUN/journal): any check's, so history spans checks."""
+
+    at_epoch: float = Field(description="Host clock when the poll looked.")
+    cpu_ticks: int = Field(description="CPU time of the run's process tree, in clock ticks (USER_HZ, 100 a second).")
+    log_size_bytes: int = 0
+    written_bytes: int = Field(0, description="Sum of the sizes of the files the tree held open for writing.")
+    written_mtime_epoch: float = Field(0.0, description="Newest mtime of those files.")
+    checkpoint_mtime_epoch: float | None = None
+
+
+class JournalStep(BaseModel):
+    """The highest step a poll read in the log, journaled by the next poll (the host does not parse step lines)."""
+
+    at_epoch: float
+    step: int
+
+
 class HealthSnapshot(BaseModel):
     """Raw signals of one poll; nothing here is interpreted yet."""
 
@@ -78,6 +104,20 @@ class HealthSnapshot(BaseModel):
     log_followed: str | None = Field(
         None,
         description="The log was renamed under the live trainer (rotation by rename): this is the file it writes, which the poll read instead of the recorded log_path.",
+    )
+    host_now_epoch: float | None = Field(None, description="The host's clock when the poll looked.")
+    tree_cpu_ticks: int | None = Field(
+        None, description="CPU time of the live trainer's process tree, clock ticks (utime+stime, reaped children's too)."
+    )
+    tree_wchar_bytes: int | None = Field(None, description="Bytes the live tree wrote anywhere (files, pipes, sockets).")
+    writing: list[OpenWrite] = Field(default_factory=list, description="Regular files the live tree holds open for writing.")
+    stacks: str | None = Field(None, description="py-spy dumps of the tree's Python processes, where the poll was asked for them.")
+    journal: list[JournalPoll] = Field(default_factory=list, description="The run's earlier polls, oldest first (this one last).")
+    journal_steps: list[JournalStep] = Field(default_factory=list, description="The steps earlier polls read, oldest first.")
+    strays: list[str] = Field(
+        default_factory=list,
+        description="`PID HOW COMMAND` of this target's trainers relaunch has no record of, found with no live trainer on "
+        "record (HOW: `marker`, its RELAUNCH_TARGET; `program`, the launch command's program running in repo_dir).",
     )
     unfinished_steps: list[str] = Field(
         default_factory=list, description="Steps a killed recovery left half done (their markers are still on the host)."

@@ -103,6 +103,10 @@ INCOMPATIBLE_CHECKPOINT = re.compile(
 # The lines under that error that say what exactly did not fit: the global the unpickler refused, the keys and shapes.
 LOAD_ERROR_DETAIL = re.compile(r"^\s*(?:WeightsUnpickler error: |(?:Missing|Unexpected) key\(s\) in state_dict: |size mismatch for )")
 
+# C++'s last words for an exception nothing caught (`terminate called after throwing an instance of 'gloo::EnforceNotMet'`,
+# `'c10::DistBackendError'`), when the exception is the collectives': the SIGABRT that follows is that error's.
+UNCAUGHT_DISTRIBUTED = re.compile(r"terminate called after throwing an instance of '(?:c10::Dist\w*Error|gloo::\w+)'")
+
 # Log signatures, each a regex over one line. The earliest matching line in the log decides:
 # knock-on failures print later than their cause.
 SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
@@ -146,6 +150,8 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
     ),
     (Cause.MISSING_DEPENDENCY, re.compile(r"\b(ModuleNotFoundError|ImportError)\b.*|.*\bpip install\b")),
     (Cause.CUDA_OOM, re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|CUDA error: out of memory")),
+    # Ctrl-C: Python's KeyboardInterrupt, the closing line of whatever traceback it cut short (cpu/keyboard_interrupt.log).
+    (Cause.KILLED, re.compile(r"^KeyboardInterrupt\s*$")),
     # torchrun's elastic agent raising the death signal it received (SIGTERM from a scheduler, a spot reclaim, a person):
     # a preemption, whatever its workers printed as they were stopped (cpu/torchrun_sigterm.log).
     (Cause.KILLED, re.compile(r"\bSignalException: Process \d+ got signal: \d+")),
@@ -159,8 +165,13 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
             r"|\bDistStoreError\b|\bDistNetworkError\b"
             # torchrun's c10d rendezvous past its join_timeout (cpu/rendezvous_timeout_c10d.log)
             r"|\bRendezvous(?:Timeout|Closed|Connection|State)?Error\b"
-            # gloo: a peer lost mid-collective (cpu/gloo_peer_lost.log, cpu/gloo_peer_lost_torchrun.log), a mesh that cannot form
-            r"|gloo/transport/tcp/\w+\.cc:\d+\] (?:Connection closed by peer|Connection reset by peer|Timed out waiting|timed out connecting)|Gloo connectFullMesh failed"
+            # gloo: a peer lost mid-collective (cpu/gloo_peer_lost.log, cpu/gloo_peer_lost_torchrun.log; `Read error ...:
+            # Connection reset by peer`, cpu/collective_mismatch_rank1.log), a mesh that cannot form
+            r"|gloo/transport/tcp/\w+\.cc:\d+\] (?:(?:Read|Write) error [^:]*:\d+: )?(?:Connection closed by peer|Connection reset by peer|Broken pipe|Timed out waiting|timed out connecting)|Gloo connectFullMesh failed"
+            # A distributed error no Python code caught: C++'s terminate names its type (then SIGABRT: the abort is this
+            # error's consequence, not a native crash), and the collectives' own word for ranks that disagree
+            # (cpu/collective_mismatch.log, cpu/collective_mismatch_torchrun.log, gpu/nccl_watchdog_timeout.log)
+            rf"|{UNCAUGHT_DISTRIBUTED.pattern}|distributed collective mismatch|\[enforce fail at [^\]]*/gloo/"
         ),
     ),
     (
@@ -186,6 +197,19 @@ EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Excepti
 
 # Exceptions that only carry a worker's failure up to the launcher (mp.spawn, torchrun).
 WRAPPER_EXCEPTIONS = re.compile(r"ProcessRaisedException|ProcessExitedException|ChildFailedError|Caught \w+ in DataLoader worker process")
+
+# A rank's failure that is a peer's knock-on: the collective lost the rank at the other end (its socket closed or reset,
+# a pipe broken, a mesh that cannot form, a collective or store that timed out waiting). Beside a rank that failed by
+# itself (its own exception, its own native signal), these never name the root cause (cpu/rank_error_torchrun.log).
+PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|Connection refused|timed out connecting|Timed out waiting"
+    r"|Watchdog caught collective operation timeout|collective operation timeout|due to a collective timeout|failure detected by watchdog"
+    r"|Gloo connectFullMesh failed|\bDistNetworkError\b|\bDistStoreError\b|NCCL communicator was aborted|remote process exited"
+)
+
+# Signals that come from outside the process: a person's Ctrl-C (SIGINT), a terminal that closed (SIGHUP), a scheduler's
+# or a person's SIGTERM. A death by one is `killed`, whatever traceback the process printed as it went.
+OUTSIDE_SIGNALS = frozenset({1, 2, 15})
 
 # Warnings that explain a slow run.
 SLOWDOWN_WARNINGS = re.compile(
@@ -249,30 +273,63 @@ DEFAULT_LOSS = re.compile(
     re.IGNORECASE,
 )
 
-# Lines that name a step without reporting a training step: a resume, a checkpoint load or save, a start
-# announcement (`resuming from /ckpt/step_100.pt at step 100`, `loaded checkpoint at step=100`, `saved checkpoint
-# step_200 at step 200`, HF's `Continuing training from global step 500`, torchtitan's `Loading the checkpoint at
-# step 100`). The default step pattern (`step[=: ]N`) matches them all; counted as steps they ended the start-up
-# grace of a run that then compiled for minutes after its resume, and it was called stalled and killed.
+# A step mention that reports no training step: it is governed, in its own clause, by a resume, load, save or eval verb
+# or noun (`resuming from /ckpt/step_100.pt at step 100`, `loaded checkpoint at step=100`, `saved checkpoint step_200 at
+# step 200`, HF's `Continuing training from global step 500`, torchtitan's `Loading the checkpoint at step 100`,
+# `Restored from global step 100`, `Evaluating at step 500`, `skipping first 500 batches`), or it lies inside a path
+# (Lightning's `Restored all states from the checkpoint at /ckpt/epoch=1-step=80.ckpt`). The default step pattern
+# (`step[=: ]N`) matches them all; counted as steps they ended the start-up grace of a run that then compiled for
+# minutes after its resume, and it was called stalled and killed. The rule is relaunch.logtext.training_step_mention:
+# a clause ends at `|`, `;`, `•` or a sentence's full stop; a governing word before the mention in its clause decides,
+# and after it only the words of GOVERNS_AFTER (`step 200: checkpoint saved`), so that `step=12 val loss 2.1` and
+# `step=12 eval_loss=2.1` stay training steps. A word that is a metric's key (`eval_loss`, `val/loss`, `saving=False`,
+# `eval: 2.31`) governs nothing.
 NOT_A_TRAINING_STEP = re.compile(
-    r"\bresum(?:e|ed|es|ing)\b"
-    r"|\b(?:load|loaded|loads|loading|restor(?:e|ed|es|ing)|sav(?:e|ed|es|ing)|writ(?:e|es|ing|ten)|wrote)\b[^|,;]{0,40}?\b(?:checkpoints?|ckpts?|state(?:[_ ]dict)?|weights|model)\b"
-    r"|\b(?:checkpoints?|ckpts?)\b[^|,;]{0,40}?\b(?:saved|written|loaded|restored)\b"
-    r"|\w\.(?:pt|pth|ckpt|safetensors)\b"
-    r"|\bcontinu(?:e|es|ing) training from\b"
-    r"|\bstart(?:s|ing)? (?:at|from) (?:global )?step\b",
+    r"(?<![\w/.-])(?:"
+    r"resum(?:e|ed|es|ing|ption)|restor(?:e|ed|es|ing|ation)|(?:re)?load(?:s|ed|ing)?|sav(?:e|ed|es|ing)"
+    r"|writ(?:e|es|ing|ten)|wrote|checkpoint(?:s|ed|ing)?|ckpts?|snapshot(?:s|ted|ting)?"
+    r"|eval(?:s|uat(?:e|ed|es|ing|ion))?|validat(?:e|ed|es|ing|ion)|val|test(?:ing)?|predict(?:s|ed|ing|ion)?|sanity"
+    r"|skip(?:s|ped|ping)?|continu(?:e|es|ed|ing)|export(?:s|ed|ing)?|upload(?:s|ed|ing)?"
+    r"|start(?:s|ed|ing)?\s+(?:at|from)|from\s+(?:global[ _])?(?:step|iter(?:ation)?)"
+    r")(?![\w/.-]|\s*=|\s*:\s*[-+]?\.?\d)",
+    re.IGNORECASE,
+)
+# Governing words that may follow the mention in its clause (`step 200: checkpoint saved`, `step 500 evaluating`):
+# verbs and nouns of the event, not the nouns of a metric printed beside a training step (`val loss`, `test acc`).
+GOVERNS_AFTER = re.compile(
+    r"^(?:resum|restor|reload|loaded|loading|saved|saving|writ|wrote|checkpoint|ckpt|snapshot|evaluat|validating|skip|export|upload)",
+    re.IGNORECASE,
+)
+# Where a clause ends: a pipe, a semicolon, rich's `•`, a sentence's full stop (not a decimal point: `loss 2.31`).
+CLAUSE_BREAK = re.compile(r"[|;•]|(?<=[^\d\s])\.(?=\s)|(?<=\d)\.(?=\s+[A-Z])")
+# A mention inside a path or a file name is a checkpoint's name, not a step: `/ckpt/step_100.pt`, `epoch=1-step=80.ckpt`.
+PATH_TOKEN = re.compile(r"\.(?:pt|pth|ckpt|safetensors|bin|pkl|tar|distcp|json)\b|^[~.]?/|/.*/|ckpt|checkpoint", re.IGNORECASE)
+
+# Step lines the default step pattern does not see, read under it too (a pattern a user gave says exactly which
+# lines are steps): `Step 12/1000`, `[step 12]`, `global_step: 12`, `iteration 12`, `iter: 12`, `it 12/1000`, and a
+# count printed with thousands separators (`iter: 10,100`).
+STEP_LINE = re.compile(
+    r"(?<![\w/.-])(?:global[_ ])?step(?:=|:\s*|\s+)(?P<step>\d{1,3}(?:,\d{3})+(?![\d.]|,\d)|\d+(?![\d.]|,\d))"
+    r"|(?<![\w/.-])iter(?:ation)?(?:=|:\s*|\s+)(?P<step2>\d{1,3}(?:,\d{3})+(?![\d.]|,\d)|\d+(?![\d.]|,\d))"
+    r"|(?:^|(?<=[\[(|]))\s*it(?:=|:\s*|\s+)(?P<step3>\d+)(?![\d.]|,\d)"
+    r"|(?<![\w/.-])it\s+(?P<step4>\d+)\s*/\s*\d+",
     re.IGNORECASE,
 )
 
 # tqdm's progress line, as clean_lines splits its `\r` redraws: `  12%|█▏        | 120/1000 [00:30<03:40,  4.00it/s]`
-# (a total known) or `120it [00:30,  4.00it/s]` (none). `n` is the count of finished iterations.
+# (a total known), Lightning's `Epoch 3:  45%|████▌     | 450/1000 [02:33<03:07, 2.93it/s, v_num=0, train_loss=2.31]`,
+# a total unknown (tqdm's total=inf, as Lightning resumed over an iterable draws it: `Training: |          | 41/? [00:00<00:00,
+# 3531.21it/s]`) or none (`120it [00:30,  4.00it/s]`); rich's (Lightning's RichProgressBar: `Epoch 1/1  ━━━━━━━━ 40/40
+# 0:00:00 • 0:00:00 287.88it/s`). `n` is the count of finished iterations; what comes before the match is its description.
 TQDM_PROGRESS = re.compile(
-    r"\d{1,3}%\|[^|\n]*\|\s*(?P<n>\d+)/(?:\d+|\?) \[(?:\d+:)?\d{2}:\d{2}<"  # `12%|█▏  | 120/1000 [00:30<03:40, ...`
+    r"(?:\d{1,3}%)?\|[^|\n]*\|\s*(?P<n>\d+)/(?:\d+|\?) \[(?:\d+:)?\d{2}:\d{2}<"  # `12%|█▏  | 120/1000 [00:30<03:40, ...`
     r"|(?<![\w.])(?P<n2>\d+)[A-Za-z ]{0,12} \[(?:\d+:)?\d{2}:\d{2},\s+(?:\?|\d)"  # `120it [00:30,  4.00it/s]`
+    r"|[\u2500-\u257f]\s*(?P<n3>\d+)/(?:-?\d+|\?)\s+(?:\d+:)?\d{1,2}:\d{2}\s+•"  # `━━━━╸━━ 450/1000 0:02:33 • 0:03:07`
 )
 
-# A tqdm bar's description that says it is not training: start-up's loading and data preparation, evaluation.
+# A tqdm bar's description that says it is not training: start-up's loading and data preparation, a resume's skipping of
+# batches seen (HF's `Skipping the first batches`), evaluation (Lightning's `Validation DataLoader 0:`, `Sanity Checking`).
 NOT_TRAINING_PROGRESS = re.compile(
-    r"\b(?:load|download|fetch|map|filter|tokeni[sz]|preprocess|generat|extract|resolv|sav|writ|upload|convert|build|prepar|index|shuffl|pack|eval|valid|test|predict|sanity|infer|sampl|cach|warm|compil)\w*",
+    r"\b(?:load|resum|restor|skip|download|fetch|map|filter|tokeni[sz]|preprocess|generat|extract|resolv|sav|writ|upload|convert|build|prepar|index|shuffl|pack|eval|valid|test|predict|sanity|infer|sampl|cach|warm|compil)\w*",
     re.IGNORECASE,
 )

@@ -38,9 +38,26 @@ class HealthResult(BaseModel):
     )
 
 
-def collect_snapshot(target: Target, wait_seconds: float = 0, wake_on_log_write: bool = False) -> HealthSnapshot:
+def collect_snapshot(
+    target: Target,
+    wait_seconds: float = 0,
+    wake_on_log_write: bool = False,
+    seen: Diagnosis | None = None,
+    seen_in: HealthSnapshot | None = None,
+) -> HealthSnapshot:
+    """One poll. `seen`/`seen_in`: the previous poll's verdict and snapshot, whose step this poll journals on the host
+    (RUN/journal) and whose wish for stacks it honours."""
     nonce = new_nonce()
-    command = plan_snapshot(target, wait_seconds, nonce, wake_on_log_write=wake_on_log_write)
+    step = seen.metrics.last_step if seen else None
+    at = seen_in.host_now_epoch if seen_in else None
+    command = plan_snapshot(
+        target,
+        wait_seconds,
+        nonce,
+        wake_on_log_write=wake_on_log_write,
+        seen_step=(at, step) if at is not None and step is not None else None,
+        want_stacks=bool(seen and seen.want_stacks),
+    )
     snap = parse_snapshot(execute(target, command).stdout, target.host.label, nonce)
     if snap.state_owner:
         raise StateFolderTaken(target.host.label, target.state_path, snap.state_owner, state_identity(target))
@@ -55,6 +72,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
     t = target.thresholds
     deadline = time.monotonic() + (timeout_seconds if timeout_seconds is not None else t.settle_timeout_seconds)
     start, progress, polls, last = time.monotonic(), Progress(), 0, None
+    previous: tuple[Diagnosis, HealthSnapshot] | None = None
     # Created at the first `starting` verdict: a check that settles at once (most of them) makes no API call for it.
     bar: ProgressArtifact | None = None
     bar_updated = float("-inf")  # the first start-up poll shows at once
@@ -63,7 +81,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
     while True:
         wait = 0 if fresh else min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
         fresh = False
-        snap = collect_snapshot(target, wait, wake_on_log_write=stepping_toward_a_verdict(last, progress))
+        snap = collect_snapshot(target, wait, stepping_toward_a_verdict(last, progress), *(previous if previous else (None, None)))
         polls += 1
         if not asked_to_adopt and adoptable(snap):
             # Once per check: a refused adoption (another target's state folder, a trainer of ours alive
@@ -74,6 +92,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
                 continue
         progress = advance(progress, snap, t)
         diagnosis = diagnose(snap, t, progress, min_free_disk_gb=target.min_free_disk_gb, gpu_indexes=gpu_indexes_of(target, snap))
+        previous = (diagnosis, snap)
         if last is None or diagnosis.verdict is not last:
             log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
             last = diagnosis.verdict
@@ -123,15 +142,17 @@ def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None
     deadline = time.monotonic() + (timeout_seconds if timeout_seconds is not None else t.settle_timeout_seconds)
     start, polls, last = time.monotonic(), 0, None
     progress = [Progress() for _ in nodes]
+    previous: dict[int, tuple[Diagnosis, HealthSnapshot]] = {}
 
     def poll(k: int, wait: float) -> tuple[NodeHealth, HealthSnapshot | None]:
         node = nodes[k]
         try:
-            snap = collect_snapshot(node, wait, wake_on_log_write=False)
+            snap = collect_snapshot(node, wait, False, *previous.get(k, (None, None)))
         except TransportError as exc:
             return NodeHealth(node=k, host=node.host.label, unreachable=str(exc).splitlines()[0]), None
         progress[k] = advance(progress[k], snap, t)
         d = diagnose(snap, t, progress[k], min_free_disk_gb=node.min_free_disk_gb, gpu_indexes=gpu_indexes_of(node, snap))
+        previous[k] = (d, snap)
         return NodeHealth(node=k, host=node.host.label, diagnosis=d, run_id=snap.run_id), snap
 
     with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="relaunch-node-poll") as pool:

@@ -13,6 +13,7 @@
 #   18 a live process carries this target's marker (RELAUNCH_TARGET, or a RELAUNCH_RUN of its state or legacy state)
 #   19 a live process has files open under checkpoint_dir (a trainer started by hand writes the same checkpoints)
 #   20 the state folder belongs to another target (STATE/target)
+#   21 a live process runs the launch command's program in repo_dir (a trainer started by hand, outside tmux)
 # shellcheck source=lib.sh
 . ./lib.sh
 state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7 venv=$8 cache=$9 checkpoint=${10}
@@ -53,6 +54,16 @@ if [ ${#marked[@]} -gt 0 ]; then
   describe_pids "${marked[@]}"
   echo "stop them first (kill PID, after checking each is this target's), or adopt the run instead of launching; then launch again"
   exit 18
+fi
+# A trainer started by hand (`nohup python train.py > log &`, outside tmux, or under the target's old name) has no
+# marker: it runs the launch command's program with its working folder in the repo.
+program=$(program_of "$3")
+mapfile -t running < <(pids_running_program_in "$1" "$program" | others)
+if [ ${#running[@]} -gt 0 ]; then
+  echo "live processes run $program in $1, as this target's trainer does: a trainer of this target started by hand (outside tmux, or under another name) runs; refusing to start a second one:"
+  describe_pids "${running[@]}"
+  echo "if it is this target's trainer, let it run (relaunch judges only runs it records or adopts from the target's tmux session) or stop it yourself; then launch again"
+  exit 21
 fi
 if [ -n "$checkpoint_dir" ] && [ -d "$checkpoint_dir" ]; then
   mapfile -t writers < <(pids_with_files_under "$checkpoint_dir" | others)

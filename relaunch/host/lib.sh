@@ -60,6 +60,39 @@ pids_with_files_under() {
   find /proc/[0-9]*/fd -lname "$(glob_quote "$d")/*" -o -lname "$(glob_quote "$r")/*" 2> /dev/null | cut -d/ -f3 | sort -un
   return 0
 }
+# The program a launch command runs, as its processes' arguments name it: the first word naming a script (`train.py`,
+# `start.sh`, by its file name), or the module after `-m`. Empty when the command names neither.
+program_of() {
+  local -a cmd_words=()
+  local x prev=''
+  read -ra cmd_words <<< "$1"
+  for x in "${cmd_words[@]}"; do
+    [ "$prev" = -m ] && { printf '%s\n' "$x"; return 0; }
+    case $x in *.py | *.sh) printf '%s\n' "${x##*/}"; return 0 ;; esac
+    prev=$x
+  done
+  return 0
+}
+# Every live process whose working folder is REPO (or under it) and that runs PROGRAM (an argument naming it): a
+# trainer started by hand, outside tmux, under another target name, carries no marker but this. Only processes that
+# run programs (an interpreter, a shell, a launcher): `vim train.py` in the repo is no trainer. One find for all cwds.
+pids_running_program_in() {
+  local repo=${1%/} program=$2 r f p comm x
+  local -a a=()
+  [ -n "$repo" ] && [ -n "$program" ] || return 0
+  r=$(readlink -f -- "$repo" 2> /dev/null) || r=$repo
+  while IFS= read -r f; do
+    p=${f#/proc/} p=${p%/cwd}
+    { read -r comm < "/proc/$p/comm"; } 2> /dev/null || continue
+    case $comm in python* | torchrun | pt_* | bash | sh | dash | zsh | deepspeed | accelerate | uv | mpirun | srun | composer) ;; *) continue ;; esac
+    a=()
+    { mapfile -d '' a < "/proc/$p/cmdline"; } 2> /dev/null
+    for x in "${a[@]:1}"; do
+      if [ "$x" = "$program" ] || [[ $x == */"$program" ]]; then printf '%s\n' "$p"; break; fi
+    done
+  done < <(find /proc/[0-9]*/cwd -maxdepth 0 \( -lname "$(glob_quote "$r")" -o -lname "$(glob_quote "$r")/*" \) 2> /dev/null)
+  return 0
+}
 # "  PID N: COMMAND LINE" for each live PID given: what a refusal names, so that a person can tell what it is.
 describe_pids() { local p a; for p in "$@"; do a=''; { a=$(tr '\0' ' ' < "/proc/$p/cmdline"); } 2> /dev/null; [ -n "$a" ] && echo "  PID $p: ${a% }"; done; return 0; }
 # The oldest live process among the PIDs given (by start time, then PID): the first process of a backgrounded trainer.

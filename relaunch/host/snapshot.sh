@@ -6,7 +6,12 @@
 # shellcheck source=lib.sh
 . ./lib.sh
 state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10} logdir=${11} ckpt=${12}
-wake=${13:-0} identity=${14:-}
+wake=${13:-0} identity=${14:-} seen_step=${15:-} want_stacks=${16:-0} repo=${17:-} command=${18:-}
+# py-spy where relaunch brought it (capture_stacks: STATE/tools) or on PATH; asked for only when stacks are wanted.
+pyspy=''
+if [ "$want_stacks" = 1 ]; then
+  if [ -x "$state/tools/bin/py-spy" ]; then pyspy=$state/tools/bin/py-spy; else pyspy=$(command -v py-spy 2> /dev/null); fi
+fi
 if owner=$(foreign_state "$state" "$identity"); then
   echo "@@relaunch-$nonce@@ state_owner $owner"
   echo "@@relaunch-$nonce@@ end"
@@ -67,12 +72,56 @@ follow_log() {
     for fd in "${fds[@]}"; do
       [ -f "$fd" ] && f=$(readlink "$fd") && [ -f "$f" ] && { followed=$f; break; }
     done
+    # The log deleted under its writer (to free disk): the writer still writes it, readable through its descriptor.
+    if [ -z "$followed" ] && [ ! -e "$log" ]; then
+      for fd in "${fds[@]}"; do
+        [ -f "$fd" ] && f=$(readlink "$fd") && [[ $f == "$log (deleted)" ]] && { followed=$fd; break; }
+      done
+    fi
     [ -n "$followed" ] && [ -w "$run" ] && { printf '%s\n' "$followed" > "$run/log_followed"; } 2> /dev/null
   else
     slurp followed "$run/log_followed"
     [ -n "$followed" ] && [ -f "$followed" ] || followed=''
   fi
   [ -n "$followed" ] && log=$followed
+  return 0
+}
+# ACT_CPU=the CPU time of the PIDs given in clock ticks (utime+stime, and cutime+cstime of the children they reaped:
+# inductor's compile workers), ACT_WCHAR=the bytes they wrote anywhere (/proc/PID/io, where readable), ACT_FILES=
+# "SIZE MTIME PATH" of each regular file they hold open for writing (the log they really write, wherever it is, one
+# deleted under them, a checkpoint being saved), ACT_WBYTES/ACT_WMTIME the sum of those sizes and the newest mtime.
+# One find for every descriptor of the tree and one stat: not a process per descriptor.
+tree_activity() {
+  local p s k v fd flags line
+  local -a f fds=() dirs=()
+  local -A seen=() target=()
+  ACT_CPU=0 ACT_WCHAR=0 ACT_FILES=() ACT_WBYTES=0 ACT_WMTIME=0
+  for p in "$@"; do
+    { s=$(< "/proc/$p/stat"); } 2> /dev/null || continue
+    s=${s##*) }; read -ra f <<< "$s"
+    ACT_CPU=$((ACT_CPU + f[11] + f[12] + f[13] + f[14]))
+    if [ -r "/proc/$p/io" ]; then
+      while read -r k v; do [ "$k" = wchar: ] && ACT_WCHAR=$((ACT_WCHAR + v)); done < "/proc/$p/io" 2> /dev/null
+    fi
+    dirs+=("/proc/$p/fd")
+  done
+  [ ${#dirs[@]} -gt 0 ] || return 0
+  while read -r fd line; do
+    case $line in /dev/* | /proc/* | /sys/* | *"/.relaunch"*) continue ;; esac
+    flags=''
+    while read -r k v; do [ "$k" = flags: ] && { flags=$v; break; }; done < "${fd%/fd/*}/fdinfo/${fd##*/}" 2> /dev/null
+    { [ -n "$flags" ] && (( (8#$flags & 3) != 0 )); } || continue
+    [ -n "${seen[$line]-}" ] && continue
+    seen[$line]=1 target[$fd]=$line fds+=("$fd")
+    [ ${#fds[@]} -ge 32 ] && break
+  done < <(find "${dirs[@]}" -mindepth 1 -maxdepth 1 -lname '/*' -printf '%p %l\n' 2> /dev/null)
+  [ ${#fds[@]} -gt 0 ] || return 0
+  # stat -L reads through the descriptor: a file deleted (or renamed) under the writer is still sized and timed.
+  while read -r k v fd; do
+    ACT_FILES+=("$k $v ${target[$fd]-}")
+    ACT_WBYTES=$((ACT_WBYTES + k))
+    [ "${v%.*}" -ge "${ACT_WMTIME%.*}" ] && ACT_WMTIME=$v
+  done < <(stat -L -c '%s %.9Y %n' -- "${fds[@]}" 2> /dev/null)
   return 0
 }
 run_id=$(current_run "$state")
@@ -136,13 +185,50 @@ if alive "$pid" "$pstart"; then
   [ ${#fresh[@]} -gt 0 ] && [ -w "$run" ] && { printf '%s\n' "${fresh[@]}" >> "$run/tree"; } 2> /dev/null
   echo "$M tree"
   if [ -f "$run/tree" ]; then tail -n 4096 -- "$run/tree"; else printf '%s\n' "${fresh[@]}"; fi
+  # What the tree itself does, whatever its log says (a buffered pipe, a log of its own elsewhere, a deleted log).
+  tree_activity "$pid" "${DESC[@]}"
+  echo "$M tree_cpu_ticks $ACT_CPU"
+  echo "$M tree_wchar $ACT_WCHAR"
+  echo "$M writing"
+  printf '%s\n' "${ACT_FILES[@]}"
+  if [ -n "$pyspy" ] && [ -x "$pyspy" ]; then
+    # Asked for while the log is quiet but the tree burns CPU: is it computing, or waiting in every thread?
+    echo "$M stacks"
+    n=0
+    for p in "$pid" "${DESC[@]}"; do
+      case $(< "/proc/$p/comm") in python* | pt_*) ;; *) continue ;; esac 2> /dev/null
+      n=$((n + 1)); [ "$n" -gt 8 ] && break
+      echo "=== py-spy dump --pid $p"
+      timeout 20 "$pyspy" dump --pid "$p" 2>&1 | head -n 400
+    done
+  fi
   # A checkpoint being written is progress: the newest mtime in checkpoint_dir (a save may last minutes).
   if [ -n "$ckpt" ] && [ -d "$ckpt" ]; then
-    echo "$M checkpoint_mtime $(find "$ckpt" -maxdepth 3 -printf '%T@\n' 2> /dev/null | awk '$1 > m { m = $1 } END { if (NR) printf "%s", m }')"
+    ckpt_mtime=$(find -H "$ckpt" -maxdepth 3 -printf '%T@\n' 2> /dev/null | awk '$1 > m { m = $1 } END { if (NR) printf "%s", m }')
+    echo "$M checkpoint_mtime $ckpt_mtime"
   fi
 elif [ -n "$run_id" ] && [ -f "$run/tree" ]; then
   echo "$M tree"
   tail -n 4096 -- "$run/tree"
+fi
+# With no live trainer on record: this target's trainers relaunch has no record of, found in the whole process table
+# (a marker of this target but not of the current run, or the launch command's program running in the repo: a run
+# started by hand outside tmux, a renamed target's, one whose state folder was removed). Reported, never acted on.
+if ! alive "$pid" "$pstart"; then
+  declare -A own=()
+  if [ -n "$run_id" ]; then
+    while read -r p; do own[$p]=1; done < <(marked_pids "$run")
+    { while read -r p; do own[$p]=1; done < "$run/tree"; } 2> /dev/null
+  fi
+  strays=()
+  while read -r p; do [ -z "${own[$p]-}" ] && [ "$p" != "$$" ] && strays+=("$p marker"); done < <(target_marked_pids "$state" "$state")
+  while read -r p; do
+    [ -z "${own[$p]-}" ] && [ "$p" != "$$" ] && [[ " ${strays[*]} " != *" $p marker "* ]] && strays+=("$p program")
+  done < <(pids_running_program_in "$repo" "$(program_of "$command")")
+  if [ ${#strays[@]} -gt 0 ]; then
+    echo "$M strays"
+    for line in "${strays[@]:0:16}"; do cmdline_into c "${line%% *}"; echo "$line ${c:0:300}"; done
+  fi
 fi
 # What runs in the target's session when none of its panes is the current run's: a run started (or restarted)
 # by hand, or a program that is no trainer. Reported, with the log it writes, never acted on here.
@@ -195,7 +281,7 @@ if [ "$want_kernel" = 1 ] && ! alive "$pid" "$pstart"; then
 fi
 if [ -n "$log" ] && [ -f "$log" ]; then
   [ -w "$run" ] && { : > "$run/poll_mark"; } 2> /dev/null
-  size=$(stat -c %s "$log")
+  size=$(stat -L -c %s -- "$log")
   skip=$(( size > tail_bytes ? size - tail_bytes : 0 ))
   kept=$(tail -c +$((skip + 1)) "$log" | head -c $((size - skip)) | tail -n "$tail_n" | wc -c)
   echo "$M log_mtime $(date -r "$log" +%s.%N)"
@@ -209,5 +295,22 @@ if [ -n "$log" ] && [ -f "$log" ]; then
   echo "$M tail"
   tail -c +$((size - kept + 1)) "$log" | head -c "$kept"
   echo
+fi
+# The run's journal (RUN/journal): every poll of every check appends what it saw, so a stall window is judged from
+# the run's own history, never from one look. `S HOSTTIME STEP` is the step the previous poll read in the log (the
+# judging side parses step lines); `P NOW CPU_TICKS LOG_SIZE WRITTEN_BYTES WRITTEN_MTIME CKPT_MTIME` this poll.
+if [ -n "$run_id" ] && [ -w "$run" ] && alive "$pid" "$pstart"; then
+  {
+    [ -n "$seen_step" ] && echo "S $seen_step"
+    echo "P $now $ACT_CPU ${size:-0} $ACT_WBYTES $ACT_WMTIME ${ckpt_mtime:--}"
+  } >> "$run/journal" 2> /dev/null
+  # Bounded: a run polled every few seconds for weeks keeps its last thousand lines.
+  if [ "$(stat -c %s -- "$run/journal" 2> /dev/null || echo 0)" -gt 262144 ]; then
+    tail -n 1000 -- "$run/journal" > "$run/journal.tmp" && mv -f -- "$run/journal.tmp" "$run/journal"
+  fi
+fi
+if [ -n "$run_id" ] && [ -f "$run/journal" ]; then
+  echo "$M journal"
+  tail -n 400 -- "$run/journal"
 fi
 echo "$M end"
