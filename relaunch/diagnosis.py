@@ -481,10 +481,11 @@ def _unmanaged_or_stopped(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis |
         return Diagnosis(verdict=Verdict.UNMANAGED, summary=summary, evidence=evidence, metrics=metrics)
     if snap.stopped_at is not None and not snap.pid_alive:
         when = datetime.fromtimestamp(snap.stopped_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        how = snap.stopped_how or "`relaunch stop`"
         return Diagnosis(
             verdict=Verdict.STOPPED,
-            summary=f"stopped on purpose (relaunch stop) at {when}; relaunch recover starts it again",
-            evidence=[f"stopped at {when} by `relaunch stop`; no trainer runs", *_last_lines(snap, 1)],
+            summary=f"stopped on purpose ({snap.stopped_how or 'relaunch stop'}) at {when}; relaunch recover starts it again",
+            evidence=[f"stopped at {when} by {how}; no trainer runs", *_last_lines(snap, 1)],
             metrics=metrics,
         )
     return None

@@ -147,6 +147,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         launched_gpus=fields.get("launched_gpus") or None,
         unfinished_steps=fields.get("unfinished", "").split(),
         stopped_at=number_or_none(fields.get("stopped_at"), float),
+        stopped_how=fields.get("stopped_how") or None,
         state_owner=fields.get("state_owner") or None,
         adopted=fields.get("adopted") == "1",
         tree_pids=[int(line) for line in sections["tree"] if line.strip().isdigit()],

@@ -83,6 +83,9 @@ class HealthSnapshot(BaseModel):
     stopped_at: float | None = Field(
         None, description="`relaunch stop` stopped this target on purpose at this host time (STATE/stopped); cleared by a recovery."
     )
+    stopped_how: str | None = Field(
+        None, description="How the deliberate stop came (STATE/stopped_how): the tmux session ended; None: `relaunch stop`."
+    )
     adopted: bool = Field(
         False, description="The current run was started by hand and adopted (its record says so), not launched by relaunch."
     )

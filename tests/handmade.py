@@ -177,6 +177,19 @@ def kill_session(session: str) -> None:
     tmux("kill-session", "-t", f"={session}", check=False)
 
 
+def lose_pane(state_dir: str | Path, session: str) -> None:
+    """The run's pane gone without a hangup (its process SIGKILLed: the OOM killer, a crash), so its session ends while
+    relaunch's setsid trainer lives on. A `tmux kill-session` hangs the pane up instead, and that ends the trainer."""
+    state = Path(state_dir)
+    run = state / "runs" / (state / "current").read_text().strip()
+    os.kill(int((run / "pane").read_text().split()[0]), signal.SIGKILL)
+    wait_for(lambda: not _has_session(session), "the session to end")
+
+
+def _has_session(session: str) -> bool:
+    return subprocess.run(["tmux", "has-session", "-t", f"={session}"], capture_output=True).returncode == 0
+
+
 def kill(procs: Iterable[Proc], sig: int = signal.SIGKILL) -> None:
     """Signal each process by PID, only while it is still the recorded one (its start time unchanged)."""
     for p in procs:

@@ -25,7 +25,19 @@ from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.verdicts import Cause, Verdict
 from tests.faults import RELAUNCH, making
-from tests.handmade import Proc, kill_session, last_step, open_window, proc, reap, start_by_hand, tree, wait_for, write_kernel_line
+from tests.handmade import (
+    Proc,
+    kill_session,
+    last_step,
+    lose_pane,
+    open_window,
+    proc,
+    reap,
+    start_by_hand,
+    tree,
+    wait_for,
+    write_kernel_line,
+)
 from tests.targets import current, tmux_alive
 
 HOST_DIR = Path(__file__).resolve().parent.parent / "relaunch" / "host"
@@ -215,8 +227,7 @@ def test_a_run_started_by_hand_beside_relaunchs_live_trainer_is_not_adopted_and_
     target = made()
     launch.fn(target, 1)
     trainer = proc(collect_snapshot(target).pid)
-    kill_session(target.tmux_session)  # how people stop a tmux run: relaunch's setsid trainer lives on
-    wait_for(lambda: not tmux_alive(target.tmux_session), "the session to end")
+    lose_pane(target.state_path, target.tmux_session)  # the pane gone without a hangup: relaunch's setsid trainer lives on
     log = tmp_path / "second.log"
     pane = by_hand(target.tmux_session, f"bash stepper.sh 2>&1 | tee {shlex.quote(str(log))}", target.repo_dir)
     stepping(log)

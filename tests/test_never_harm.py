@@ -48,6 +48,7 @@ from tests.handmade import (
     kill,
     kill_session,
     last_step,
+    lose_pane,
     open_window,
     parent_of,
     proc,
@@ -58,7 +59,7 @@ from tests.handmade import (
     wait_for,
     write_kernel_line,
 )
-from tests.targets import current, current_log, finished, shell_target, tmux_alive, wait_for_exit
+from tests.targets import current, current_log, finished, shell_target, wait_for_exit
 
 # The rows that run flows take the one Prefect server of the session; the validation row needs none.
 with_server = pytest.mark.usefixtures("prefect_harness")
@@ -298,9 +299,8 @@ def restarted_by_hand(tmp: Path, **_: object) -> Scene:
 def two_trainers(tmp: Path, **_: object) -> Scene:
     t = new_target(tmp / "t")
     own, own_log = launched(t)
-    kill_session(t.tmux_session)  # relaunch's setsid supervisor and trainer live on
-    wait_for(lambda: not tmux_alive(t.tmux_session), "the session to go")
-    assert not dead(own), "tmux kill-session ended relaunch's setsid trainer: the shape cannot be built here"
+    lose_pane(t.state_path, t.tmux_session)  # the pane gone without a hangup: relaunch's setsid trainer lives on
+    assert not dead(own), "losing the pane ended relaunch's setsid trainer: the shape cannot be built here"
     log = tmp / "elsewhere" / "train.log"
     hand = by_hand(t, log)
     return Scene(

@@ -87,8 +87,24 @@ def test_a_trainer_killed_with_its_session_is_a_silent_exit(target):
     assert (d.verdict, d.cause) == (Verdict.CRASHED, Cause.SILENT_EXIT)
 
 
-def test_the_trainer_and_its_log_survive_the_tmux_session(target):
+def test_tmux_kill_session_ends_the_trainer_it_holds_and_is_recorded_as_a_deliberate_stop(target):
+    # How people stop a tmux run: the trainer ends as a run started by hand in the pane would (SIGHUP), and no check
+    # relaunches what a person ended.
     record, _ = launch.fn(target, 1)
+    wait_for(lambda: "step=" in Path(record.log_path).read_text(), 10, "the trainer to step")
+    subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], check=True)
+    wait_for((run_record(target) / "exit_code").exists, 10, "the trainer to end with its session")
+    assert (run_record(target) / "exit_code").read_text().strip() == "129"
+    d = poll_until_settled(target).diagnosis
+    assert d.verdict is Verdict.STOPPED, d
+    assert "tmux session ended" in d.summary
+    assert Path(record.log_path).exists(), "the log is kept"
+
+
+def test_a_trainer_that_ignores_the_hangup_lives_on_after_its_session_ends(target):
+    # `nohup`: the hangup is ignored, as it would be by hand; the run is not ended for it, and a check judges it live.
+    nohup = target.model_copy(update={"launch_command": "nohup bash stepper.sh"})
+    record, _ = launch.fn(nohup, 1)
     subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], check=True)
     log = Path(record.log_path)
     size = log.stat().st_size

@@ -55,16 +55,6 @@ if [ ${#marked[@]} -gt 0 ]; then
   echo "stop them first (kill PID, after checking each is this target's), or adopt the run instead of launching; then launch again"
   exit 18
 fi
-# A trainer started by hand (`nohup python train.py > log &`, outside tmux, or under the target's old name) has no
-# marker: it runs the launch command's program with its working folder in the repo.
-program=$(program_of "$3")
-mapfile -t running < <(pids_running_program_in "$1" "$program" | others)
-if [ ${#running[@]} -gt 0 ]; then
-  echo "live processes run $program in $1, as this target's trainer does: a trainer of this target started by hand (outside tmux, or under another name) runs; refusing to start a second one:"
-  describe_pids "${running[@]}"
-  echo "if it is this target's trainer, let it run (relaunch judges only runs it records or adopts from the target's tmux session) or stop it yourself; then launch again"
-  exit 21
-fi
 if [ -n "$checkpoint_dir" ] && [ -d "$checkpoint_dir" ]; then
   mapfile -t writers < <(pids_with_files_under "$checkpoint_dir" | others)
   if [ ${#writers[@]} -gt 0 ]; then
@@ -87,6 +77,16 @@ if [ -n "$cur" ] && tmux has-session -t "=$session" 2>/dev/null; then
   fi
 fi
 if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
+# A trainer started by hand (`nohup python train.py > log &`, outside tmux, or under the target's old name) has no
+# marker: it runs the launch command's program with its working folder in the repo.
+program=$(program_of "$3")
+mapfile -t running < <(pids_running_program_in "$1" "$program" | others)
+if [ ${#running[@]} -gt 0 ]; then
+  echo "live processes run $program in $1, as this target's trainer does: a trainer of this target started by hand (outside tmux, or under another name) runs; refusing to start a second one:"
+  describe_pids "${running[@]}"
+  echo "if it is this target's trainer, let it run (relaunch judges only runs it records or adopts from the target's tmux session) or stop it yourself; then launch again"
+  exit 21
+fi
 [ -e "$venv/.relaunch-building" ] && { echo "venv $venv is half-built (.relaunch-building): rebuild it before launching"; exit 15; }
 [ -e "$cache/.relaunch-warming" ] && { echo "compile cache $cache is half-warmed (.relaunch-warming): warm it again before launching"; exit 16; }
 run=$(run_folder "$state" "$run_id")
@@ -111,5 +111,5 @@ if [ -n "${pane_pid-}" ]; then
   printf '%s\n' "$pane_id" > "$run/pane_id.tmp" && mv -f "$run/pane_id.tmp" "$run/pane_id"
 fi
 # A launch ends a deliberate stop: the nightly check watches this run again.
-rm -f -- "$state/stopped"
+rm -f -- "$state/stopped" "$state/stopped_how"
 wait_for_pid "$run"

@@ -126,7 +126,7 @@ tree_activity() {
 }
 run_id=$(current_run "$state")
 run=$(run_folder "$state" "$run_id")
-pid='' pstart='' spid='' sstart='' rpane='' rpane_start='' t=0 log='' exit_code='' started='' checkpoint='' stopped='' followed=''
+pid='' pstart='' spid='' sstart='' rpane='' rpane_start='' t=0 log='' exit_code='' started='' checkpoint='' stopped='' stopped_how='' followed=''
 [ -n "$run_id" ] && read_pid "$run/pid" pid pstart
 [ -n "$run_id" ] && read_pid "$run/supervisor_pid" spid sstart
 [ -n "$run_id" ] && read_pid "$run/pane" rpane rpane_start
@@ -150,7 +150,7 @@ while [ "$waited" -lt 100 ]; do
 done
 slurp log "$run/log_path"; slurp exit_code "$run/exit_code"; slurp started "$run/started_at"; slurp checkpoint "$run/checkpoint"
 [ -n "$run_id" ] && follow_log
-slurp stopped "$state/stopped"
+slurp stopped "$state/stopped"; slurp stopped_how "$state/stopped_how"
 now_us t; now="${t%??????}.${t: -6}"
 echo "$M run_id $run_id"
 echo "$M launched $([ -n "$run_id" ] && echo 1 || echo 0)"
@@ -172,6 +172,7 @@ if [ -n "$run_id" ] && [ -r "$run/spec" ]; then
 fi
 echo "$M now $now"
 echo "$M stopped_at $stopped"
+echo "$M stopped_how $stopped_how"
 [ -n "$run_id" ] && [ -e "$run/adopted" ] && echo "$M adopted 1"
 [ -n "$followed" ] && echo "$M log_followed $followed"
 if alive "$pid" "$pstart"; then

@@ -230,7 +230,7 @@ if command -v nvidia-smi > /dev/null 2>&1 && [ ${#order[@]} -gt 0 ]; then
   [ "$busy" = 0 ] || { echo "GPU memory still held by ${order[*]} 60 s after they exited; what to do: nvidia-smi shows who holds it"; exit 4; }
 fi
 if [ "$mode" = deliberate ]; then
-  mkdir -p "$state" && stamp "$state/stopped" \
+  mkdir -p "$state" && rm -f -- "$state/stopped_how" && stamp "$state/stopped" \
     && echo "recorded a deliberate stop in $state/stopped: checks leave the target stopped until \`relaunch recover\`"
 fi
 echo "stopped (${#order[@]} process(es))"
