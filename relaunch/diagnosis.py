@@ -273,8 +273,19 @@ def diverged(reading: Reading, n: int) -> bool:
     return len(last) == n and all(loss is not None and not math.isfinite(loss) for loss in last)
 
 
+def judged_text(snap: HealthSnapshot, thresholds: Thresholds) -> HealthSnapshot:
+    """The snapshot whose log tail a live run is judged by: its recorded log, or, where that holds no step line and a
+    log of the trainer's own does (`logging` to a file of its choosing, stdout silent), that one."""
+    if not snap.own_log_tail or not snap.pid_alive or read_log(snap.log_tail, thresholds).steps:
+        return snap
+    if not read_log(snap.own_log_tail, thresholds).steps:
+        return snap
+    return snap.model_copy(update={"log_tail": snap.own_log_tail})
+
+
 def advance(progress: Progress, snap: HealthSnapshot, thresholds: Thresholds) -> Progress:
     """Fold one snapshot into the attempt's progress."""
+    snap = judged_text(snap, thresholds)
     now = snap.seconds_since_launch or 0.0
     reading = read_log(snap.log_tail, thresholds)
     p = replace(progress, polls=progress.polls + 1)
@@ -425,6 +436,7 @@ def diagnose(
     gpu_indexes: the target's GPUs (from CUDA_VISIBLE_DEVICES); None: all the host's GPUs are the target's. Kernel
     lines and counters about other GPUs are another job's. min_free_disk_gb: below it a disk the trainer filled is
     still full (no relaunch onto it)."""
+    snap = judged_text(snap, thresholds)
     progress = progress or advance(Progress(), snap, thresholds)
     metrics = _metrics(snap, thresholds)
     settled = _unmanaged_or_stopped(snap, metrics)

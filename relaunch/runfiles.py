@@ -104,6 +104,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         "stacks": [],
         "journal": [],
         "strays": [],
+        "own_log_tail": [],
     }
     current: list[str] | None = None
     # Only \n separates the poll's own lines; a \r inside a log line is the log's business (clean_lines).
@@ -163,6 +164,8 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         journal=journal,
         journal_steps=journal_steps,
         strays=[line.strip() for line in sections["strays"] if line.strip()],
+        own_log=fields.get("own_log") or None,
+        own_log_tail=clean_lines("\n".join(sections["own_log_tail"]))[-TAIL_LINES:],
     )
 
 

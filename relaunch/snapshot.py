@@ -117,6 +117,10 @@ class HealthSnapshot(BaseModel):
     stacks: str | None = Field(None, description="py-spy dumps of the tree's Python processes, where the poll was asked for them.")
     journal: list[JournalPoll] = Field(default_factory=list, description="The run's earlier polls, oldest first (this one last).")
     journal_steps: list[JournalStep] = Field(default_factory=list, description="The steps earlier polls read, oldest first.")
+    own_log: str | None = Field(
+        None, description="A log of the trainer's own (a file its tree writes that looks like a log, not the recorded one)."
+    )
+    own_log_tail: list[str] = Field(default_factory=list, description="Last lines of own_log.")
     strays: list[str] = Field(
         default_factory=list,
         description="`PID HOW COMMAND` of this target's trainers relaunch has no record of, found with no live trainer on "

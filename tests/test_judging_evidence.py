@@ -131,6 +131,10 @@ def test_a_trainer_that_logs_only_to_a_file_of_its_own_is_not_stalled_while_it_w
     results = checks(t, 8)
     never_stalled(results)
     assert any(w.path == str(own) for w in results[-1].snapshot.writing), results[-1].snapshot.writing
+    # The file it really writes is read for its steps: judged healthy, from that file's step lines.
+    assert results[-1].snapshot.own_log == str(own)
+    assert results[-1].diagnosis.verdict is Verdict.HEALTHY, verdicts(results)
+    assert results[-1].diagnosis.metrics.last_step and results[-1].diagnosis.metrics.last_step > 3
 
 
 def test_a_log_deleted_under_its_trainer_is_read_through_the_trainers_descriptor(made, tmp_path):

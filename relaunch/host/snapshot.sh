@@ -192,6 +192,25 @@ if alive "$pid" "$pstart"; then
   echo "$M tree_wchar $ACT_WCHAR"
   echo "$M writing"
   printf '%s\n' "${ACT_FILES[@]}"
+  # A log of its own: the trainer may log through Python `logging` to a file of its choosing while stdout stays
+  # silent. The newest-written file it holds open that looks like a log (not the recorded log, not a checkpoint or
+  # cache file) is read too; the judging side reads its steps where the recorded log has none.
+  own='' own_m=0
+  for line in "${ACT_FILES[@]}"; do
+    read -r _ m f <<< "$line"
+    case $f in *.log | *.txt | *.out | *.err | *.jsonl) ;; *) continue ;; esac
+    [ -f "$f" ] || continue
+    [ -n "$log" ] && [ "$f" -ef "$log" ] && continue
+    [ -n "$ckpt" ] && [[ $f == "${ckpt%/}"/* ]] && continue
+    [ -n "$cache" ] && [[ $f == "${cache%/}"/* ]] && continue
+    [ "${m%.*}" -ge "${own_m%.*}" ] && own=$f own_m=$m
+  done
+  if [ -n "$own" ]; then
+    echo "$M own_log $own"
+    echo "$M own_log_tail"
+    tail -c 65536 -- "$own" 2> /dev/null | tail -n "$tail_n"
+    echo
+  fi
   if [ -n "$pyspy" ] && [ -x "$pyspy" ]; then
     # Asked for while the log is quiet but the tree burns CPU: is it computing, or waiting in every thread?
     echo "$M stacks"
