@@ -31,7 +31,7 @@ from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch, skipped_path
 from relaunch.tasks.stop import stop
 from relaunch.verdicts import Cause, Verdict
-from tests.faults import LOST, MID_STEP, case, live_trainers, making, reap, sha256, tmpfs, tree, wait_for
+from tests.faults import LOST, MID_STEP, bin_without, case, live_trainers, making, reap, sha256, tmpfs, tree, wait_for
 from tests.sshd import cannot_run_here
 from tests.targets import runs, step_detail, wait_for_exit
 
@@ -469,7 +469,9 @@ def test_a_hung_trainer_has_its_stacks_kept_before_it_is_stopped_and_relaunched(
     "a deadlocked trainer on a host where py-spy cannot be installed (offline, not in `find_links`)",
     "the report says why in `skipped` (uv's own error); the hung run is stopped and relaunched all the same: healthy",
 )
-def test_a_hung_trainer_is_stopped_and_relaunched_even_when_py_spy_cannot_be_installed(made, tmp_path):
+def test_a_hung_trainer_is_stopped_and_relaunched_even_when_py_spy_cannot_be_installed(made, tmp_path, monkeypatch):
+    # No py-spy on the host (the test venv has one): every other command stays on PATH.
+    monkeypatch.setenv("PATH", str(bin_without(tmp_path / "bin", "py-spy")))
     t, hung_run = deadlocked(made, tmp_path)
     report = recover(t)
     first = report.attempts[0]
@@ -493,19 +495,28 @@ def test_a_hung_trainer_is_stopped_and_relaunched_even_when_py_spy_cannot_be_ins
     "`step_600.pt` (a real ~1 MiB `torch.save` file, beside a good `step_100.pt`) truncated for real: to half its size, or to its first 32 KiB (a save cut short early); the trainer dies in `torch.load` of it",
     "crashed / broken_checkpoint naming step_600.pt -> relaunched from step_100.pt, healthy; step_600.pt kept byte for byte and recorded in `STATE/skipped-checkpoints`; the next recovery (after a SIGKILL) resumes from step_100.pt again",
 )
-@pytest.mark.parametrize("keep", [0.5, 32 << 10], ids=["cut_in_half", "cut_at_32KiB"])
-def test_a_checkpoint_that_does_not_load_is_skipped_kept_and_never_taken_again(made, tmp_path, keep):
+@pytest.mark.parametrize(
+    ("zipped", "keep"), [(True, 0.5), (True, 32 << 10), (False, 0.5)], ids=["zip_cut_in_half", "zip_cut_at_32KiB", "legacy_cut_in_half"]
+)
+def test_a_checkpoint_that_does_not_load_is_skipped_kept_and_never_taken_again(made, tmp_path, zipped, keep):
     import torch
 
     t = made(launch_command=f"{TORCH_PYTHON} {trainer(tmp_path, 'resume.py', RESUMING_TRAINER)}", resume_arg="--resume {checkpoint}")
     ckpt = Path(t.checkpoint_dir)
     ckpt.mkdir(parents=True)
     for step in (100, 600):
-        torch.save({"model": torch.nn.Linear(512, 512).state_dict(), "step": step}, ckpt / f"step_{step}.pt")
+        state = {"model": torch.nn.Linear(512, 512).state_dict(), "step": step}
+        torch.save(state, ckpt / f"step_{step}.pt", _use_new_zipfile_serialization=zipped)
     broken = ckpt / "step_600.pt"
     os.truncate(broken, int(broken.stat().st_size * keep) if keep < 1 else keep)
     kept = sha256(broken)
     record, _ = launch.fn(t, 1)
+    if zipped:
+        # torch.save's zip says by its content that it was cut (no end record ends it): never given to the trainer.
+        assert record.checkpoint == str(ckpt / "step_100.pt") and "cut short" in record.checkpoint_why, record.checkpoint_why
+        assert sha256(broken) == kept, "the cut checkpoint is kept byte for byte"
+        return
+    # The legacy (pickle) format has no end record to read: judged by time, given, and refused once it fails to load.
     assert record.checkpoint == str(broken), record.checkpoint_why
     wait_for_exit(t, 60)
 
@@ -521,7 +532,10 @@ def test_a_checkpoint_that_does_not_load_is_skipped_kept_and_never_taken_again(m
     )
     assert f"the checkpoint it was given: {broken}" in first.evidence, told(report)
     assert any(
-        e.startswith(("RuntimeError: PytorchStreamReader failed reading zip archive", "OSError: [Errno 22]")) for e in first.evidence
+        e.startswith(
+            ("RuntimeError: PytorchStreamReader failed reading zip archive", "OSError: [Errno 22]", "RuntimeError: unexpected EOF")
+        )
+        for e in first.evidence
     ), told(report)
     relaunch = step_detail(report, "launch")
     assert (

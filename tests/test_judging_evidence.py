@@ -151,6 +151,7 @@ def test_a_hung_trainer_is_called_stalled_only_after_it_was_watched_for_its_wind
     hung = tmp_path / "hung"
     t = launched(made, tmp_path, STEP_EVERY="0.2", HANG_AFTER="5", HUNG=str(hung))
     wait_for(hung.exists, 30, "the trainer to hang")
+    wait_for(lambda: any("step=5 " in log.read_text() for log in Path(t.log_dir).glob("*")), 30, "its last step line in the log")
     # Its log looks an hour old: one look at the clock would call it stalled at once.
     for log in (Path(t.log_dir)).glob("*"):
         os.utime(log, (time.time() - 3600, time.time() - 3600))
