@@ -1113,12 +1113,26 @@ def _starting_or_stalled(
     return Diagnosis(verdict=Verdict.STALLED, summary="start-up made no progress", evidence=ev, metrics=metrics)
 
 
+def _gpu_apps_evidence(snap: HealthSnapshot) -> list[str]:
+    """Which of the GPUs' processes are the run's own (its tree's PIDs): GPU memory another job holds is not its work."""
+    if not snap.gpu_apps:
+        return []
+    tree = _run_pids(snap)
+    ours = [a for a in snap.gpu_apps if a.pid in tree]
+    if ours:
+        return ["GPU memory held by its processes: " + ", ".join(f"PID {a.pid} ({a.used_memory_mib} MiB)" for a in ours)]
+    return [
+        f"none of the {len(snap.gpu_apps)} process(es) holding GPU memory is of its tree "
+        "(another job's; or a container numbering PIDs its own way)"
+    ]
+
+
 def _gpu_evidence(snap: HealthSnapshot, t: Thresholds, p: Progress, gpu_indexes: list[int] | None = None) -> list[str]:
     # Only the target's GPUs: another job's idle GPU says nothing of this run.
     gpus = [g for g in snap.gpus if gpu_indexes is None or g.index in gpu_indexes]
     if not gpus:
         return []
-    lines = []
+    lines = _gpu_apps_evidence(snap)
     expected = gpus[: t.expected_gpus] if t.expected_gpus else gpus
     if expected and all(g.memory_used_mib == 0 for g in expected):
         lines.append(f"every expected GPU ({len(expected)}) at 0 MiB while the trainer is alive")

@@ -13,7 +13,7 @@ from relaunch import runlayout
 from relaunch.config import Target
 from relaunch.gpufaults import parse_gpu_health
 from relaunch.logtext import clean_lines
-from relaunch.snapshot import DiskFree, GpuSample, HealthSnapshot, JournalPoll, JournalStep, OpenWrite
+from relaunch.snapshot import DiskFree, GpuApp, GpuSample, HealthSnapshot, JournalPoll, JournalStep, OpenWrite
 
 N = TypeVar("N", int, float)
 
@@ -105,6 +105,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         "journal": [],
         "strays": [],
         "own_log_tail": [],
+        "gpu_apps": [],
     }
     current: list[str] | None = None
     # Only \n separates the poll's own lines; a \r inside a log line is the log's business (clean_lines).
@@ -165,8 +166,21 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         journal_steps=journal_steps,
         strays=[line.strip() for line in sections["strays"] if line.strip()],
         own_log=fields.get("own_log") or None,
+        gpu_apps=parse_gpu_apps(sections["gpu_apps"]),
         own_log_tail=clean_lines("\n".join(sections["own_log_tail"]))[-TAIL_LINES:],
     )
+
+
+def parse_gpu_apps(lines: list[str]) -> list[GpuApp]:
+    """`nvidia-smi --query-compute-apps=pid,...,used_memory` lines: the PID first, the memory last (`607, 8976` with
+    nounits, `607, python3, 8976 MiB` without)."""
+    apps = []
+    for line in lines:
+        fields = [part.strip() for part in line.split(",")]
+        mem = fields[-1].removesuffix("MiB").strip()
+        if len(fields) >= 2 and fields[0].isdigit() and mem.isdigit():
+            apps.append(GpuApp(pid=int(fields[0]), used_memory_mib=int(mem)))
+    return apps
 
 
 def parse_writing(lines: list[str]) -> list[OpenWrite]:

@@ -23,6 +23,13 @@ class DiskFree(BaseModel):
         return self.available_bytes / 1e9
 
 
+class GpuApp(BaseModel):
+    """A process holding GPU memory (nvidia-smi's compute apps; PIDs as the host's namespace numbers them)."""
+
+    pid: int
+    used_memory_mib: int
+
+
 class OpenWrite(BaseModel):
     """A regular file the run's tree holds open for writing, as seen through its descriptor."""
 
@@ -117,6 +124,7 @@ class HealthSnapshot(BaseModel):
     stacks: str | None = Field(None, description="py-spy dumps of the tree's Python processes, where the poll was asked for them.")
     journal: list[JournalPoll] = Field(default_factory=list, description="The run's earlier polls, oldest first (this one last).")
     journal_steps: list[JournalStep] = Field(default_factory=list, description="The steps earlier polls read, oldest first.")
+    gpu_apps: list[GpuApp] = Field(default_factory=list, description="Processes holding GPU memory, while the trainer lives.")
     own_log: str | None = Field(
         None, description="A log of the trainer's own (a file its tree writes that looks like a log, not the recorded one)."
     )

@@ -277,6 +277,11 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   echo "$M gpu"
   printf '%s\n' "$gpu_out" | head -64
   # Error counters, asked separately: a driver that lacks one of these fields must not look like a failing GPU.
+  # Which processes hold GPU memory: the tree's own are the run's GPU work (another job's are not).
+  if alive "$pid" "$pstart"; then
+    echo "$M gpu_apps"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2> /dev/null | head -64
+  fi
   echo "$M gpu_health"
   nvidia-smi --query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total,retired_pages.pending,remapped_rows.pending,remapped_rows.failure \
     --format=csv,noheader,nounits 2>/dev/null | head -64
