@@ -88,3 +88,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for w in range(workers):
         dealt += heads[w] + [i for _, i in zip(range(share - len(heads[w])), rest)]
     items[:] = dealt + list(rest)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--under-load",
+        action="store_true",
+        default=False,
+        help="Run every test with every core busy (tests/load.py: one CPU hog per core for the session).",
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _under_load(request: pytest.FixtureRequest):
+    """`--under-load`: the whole session runs beside one CPU hog per core (each xdist worker starts its own)."""
+    if not request.config.getoption("--under-load"):
+        yield
+        return
+    from tests.load import cpu_hogs
+
+    with cpu_hogs():
+        yield
+
+
+@pytest.fixture
+def cpu_hogs():
+    """One CPU hog per core for this test's duration, killed after by PID: the verdict must not change under load."""
+    from tests.load import cpu_hogs as hogs
+
+    with hogs() as pids:
+        yield pids

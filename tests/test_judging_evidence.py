@@ -54,10 +54,10 @@ while True:
     if hang_after and step >= hang_after:
         open(os.environ["HUNG"], "w").close()
         if os.environ.get("SPIN") == "1":
-            def poll():
+            def heartbeat_check():  # a busy loop in user code: no wait frame, one and the same place
                 while True:
                     pass
-            threading.Thread(target=poll, daemon=True).start()
+            threading.Thread(target=heartbeat_check, daemon=True).start()
         lock = threading.Lock()
         lock.acquire()
         lock.acquire()  # never returns
