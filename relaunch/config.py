@@ -478,15 +478,27 @@ def target_file(name_or_path: str | Path) -> Path:
 
 
 def load_target(path: str | Path) -> Target:
-    """Read a target file (a path, or a name in targets_folder()); a bad file fails naming the file and each bad field."""
+    """Read a target file (a path, or a name in targets_folder()); a bad file fails naming the file and each bad field,
+    with its line, the value it has, and the field meant where a name is misspelled."""
     path = target_file(path)
-    data = parse_yaml(path, _read_text(path))
+    text = _read_text(path)
+    data = parse_yaml(path, text)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of target fields, got {type(data).__name__}")
     try:
         return Target.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{path}: invalid target:\n{format_validation_error(exc)}") from exc
+        raise ConfigError(f"{path}: invalid target:\n{format_validation_error(exc, key_lines(text))}") from exc
+
+
+def load_targets(path: str | Path) -> list[Target]:
+    """The targets a file names: a fleet file's (a mapping with `targets:`), else the one target of a target file (or
+    of a name in targets_folder())."""
+    resolved = target_file(path)
+    data = parse_yaml(resolved, _read_text(resolved))
+    if isinstance(data, dict) and "targets" in data:
+        return load_fleet(resolved)[0]
+    return [load_target(resolved)]
 
 
 def _read_text(path: Path) -> str:
@@ -530,14 +542,105 @@ def parse_yaml(path: Path, text: str) -> object:
         raise ConfigError(f"{path}: nested too deeply to be a target file") from None
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    lines = []
+Loc = tuple[str | int, ...]
+
+
+def key_lines(text: str) -> dict[Loc, int]:
+    """The line (from 1) of every key and list item of a YAML document, by its path (`("host", "port")`, `("targets", 0)`);
+    empty where the text does not compose (it was parsed before, so that is never expected)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)  # noqa: S506 - SafeLoader
+    except (yaml.YAMLError, RecursionError):
+        return {}
+    lines: dict[Loc, int] = {}
+
+    def walk(node: yaml.Node, at: Loc) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    lines[(*at, key.value)] = key.start_mark.line + 1
+                    walk(value, (*at, key.value))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                lines[(*at, i)] = item.start_mark.line + 1
+                walk(item, (*at, i))
+
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _model_at(model: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
+    """The model whose fields are at LOC under MODEL (list items and optional values unwrapped); None: not a model."""
+    import typing
+
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if current is None or part not in current.model_fields:
+            return None
+        found: list[type[BaseModel]] = []
+        pending = [current.model_fields[part].annotation]
+        while pending:
+            kind = pending.pop()
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                found.append(kind)
+            else:
+                pending.extend(typing.get_args(kind))
+        current = found[0] if found else None
+    return current
+
+
+def did_you_mean(model: type[BaseModel], loc: Loc) -> str | None:
+    """The field of MODEL at LOC's parent closest to LOC's last name (a misspelling), if one is close enough."""
+    import difflib
+
+    if not loc or not isinstance(loc[-1], str):
+        return None
+    parent = _model_at(model, loc[:-1])
+    if parent is None:
+        return None
+    close = difflib.get_close_matches(loc[-1], list(parent.model_fields), n=1, cutoff=0.6)
+    if not close:
+        # A misspelling that keeps the words, in another order or case (`LaunchCommand`, `command_launch`).
+        words = sorted(loc[-1].lower().replace("-", "_").split("_"))
+        close = [f for f in parent.model_fields if sorted(f.split("_")) == words]
+    return close[0] if close else None
+
+
+def _shown(value: object) -> str | None:
+    """A value as an error line shows it: scalars only, cut to a readable length."""
+    if isinstance(value, (dict, list, tuple, set)):
+        return None
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def format_validation_error(
+    exc: ValidationError, lines: dict[Loc, int] | None = None, model: type[BaseModel] = Target, prefix: Loc = ()
+) -> str:
+    """One line per problem: the field (dotted), its line in the file where LINES knows it (PREFIX is where the model
+    sits in the file: `("targets", 2)` for a fleet's inline target), what is wrong, the value given, and for an
+    unknown field the field meant."""
+    out = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"])
+        loc: Loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc)
         # Checks across fields have no location; their message starts with the field it refuses.
         message = err["msg"].removeprefix("Value error, ")
-        lines.append(f"  {field}: {message}" if field else f"  {message}")
-    return "\n".join(lines)
+        if err["type"] == "extra_forbidden":
+            meant = did_you_mean(model, loc)
+            message = f"unknown field{f'; did you mean `{meant}`?' if meant else ''}"
+        elif err["type"] != "missing" and (value := _shown(err.get("input"))) is not None:
+            message = f"{message} (got {value})"
+        where = (lines or {}).get((*prefix, *loc))
+        if where is None and err["type"] == "missing" and (prefix or len(loc) > 1):
+            # A missing field: the line of the mapping it is missing from (not for the file's top level: that is all of it).
+            where = (lines or {}).get((*prefix, *loc[:-1]))
+        at = f" (line {where})" if where is not None else ""
+        out.append(f"  {field}{at}: {message}" if field else f"  {message}")
+    return "\n".join(out)
 
 
 def load_fleet(path: str | Path) -> tuple[list[Target], int]:
@@ -553,6 +656,7 @@ def load_fleet(path: str | Path) -> tuple[list[Target], int]:
             f"{path}: unknown field(s) {', '.join(sorted(map(str, unknown)))}; a fleet file has `targets` and `max_concurrent`"
         )
     targets = []
+    lines: dict[Loc, int] | None = None
     for i, item in enumerate(data["targets"]):
         if isinstance(item, str):
             targets.append(load_target(path.parent / item))
@@ -560,8 +664,28 @@ def load_fleet(path: str | Path) -> tuple[list[Target], int]:
         try:
             targets.append(Target.model_validate(item))
         except ValidationError as exc:
-            raise ConfigError(f"{path}: targets[{i}]: invalid target:\n{format_validation_error(exc)}") from None
+            lines = key_lines(_read_text(path)) if lines is None else lines
+            raise ConfigError(
+                f"{path}: targets[{i}]: invalid target:\n{format_validation_error(exc, lines, prefix=('targets', i))}"
+            ) from None
     limit = data.get("max_concurrent", 4)
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 256:
         raise ConfigError(f"{path}: max_concurrent must be a whole number from 1 to 256, not {limit!r}")
+    _one_session_each(path, targets)
     return targets, limit
+
+
+def _one_session_each(path: Path, targets: list[Target]) -> None:
+    """Two targets of a fleet in one tmux session of one host are refused: the second's check would see the first's
+    trainer in its session, call it unmanaged, and a recovery of either would stop the other's pane."""
+    seen: dict[tuple[str, str], str] = {}
+    for t in targets:
+        places = [(n.host.label, n.tmux_session or t.tmux_session) for n in t.nodes] if t.nodes else [(t.host.label, t.tmux_session)]
+        for place in dict.fromkeys(places):
+            if place in seen and seen[place] != t.name:
+                raise ConfigError(
+                    f"{path}: targets {seen[place]!r} and {t.name!r} share tmux session {place[1]!r} on {place[0]}: "
+                    "each target's trainer runs in a session of its own\n"
+                    f"  what to do: give {t.name!r} its own tmux_session"
+                )
+            seen.setdefault(place, t.name)

@@ -73,6 +73,17 @@ class TransportError(RelaunchError):
         )
 
 
+class HostUnreachable(TransportError):
+    """The connection to the host could not be opened: refused, no answer, a name that does not resolve, a jump host's
+    tunnel. `first_contact`: this process had never reached the host, so nothing ran there; that is an answer (a
+    wrong port, a host that is down), said at once and not retried. A host reached before (sshd restarting, a link
+    back soon) is a fault of the wire, retried as any other."""
+
+    def __init__(self, host: str, command: str, reason: str, advice: str = "", first_contact: bool = False) -> None:
+        self.first_contact = first_contact
+        super().__init__(host, command, reason, advice)
+
+
 class HostKeyError(RelaunchError):
     """The host key is unknown or changed: never retried, a person must decide."""
 
@@ -112,5 +123,6 @@ class CheckpointUnusable(RelaunchError):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Only faults of the wire are retried; a command that failed on the host is an answer."""
-    return isinstance(exc, TransportError)
+    """Only faults of the wire are retried; a command that failed on the host is an answer, and so is a host never
+    reached in this process that cannot be connected to (HostUnreachable.first_contact)."""
+    return isinstance(exc, TransportError) and not (isinstance(exc, HostUnreachable) and exc.first_contact)

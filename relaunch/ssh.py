@@ -6,7 +6,9 @@ keys are refused unless that hop opts into trust-on-first-use; a changed key is 
 A private key comes from a file or, held in memory only, from a Prefect Secret block; its passphrase from the hop's
 own Secret block, then the one variable every key may share. With `ssh_config: true` the host is an alias that
 ~/.ssh/config resolves (relaunch/sshconfig.py), and ssh-agent's keys are offered too. Failures of
-the wire become TransportError (Prefect retries those); host-key and credential problems need a person.
+the wire become TransportError (Prefect retries those), except a host this process never reached that cannot be
+connected to (HostUnreachable.first_contact: refused, no answer, no such name), which is said at once; host-key and
+credential problems need a person.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 
 from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, MAX_COMMAND_BYTES, Command, Result, host_argv, timed_out_on_host
 from relaunch.config import Host, JumpHost, SSHLogin
-from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, RelaunchError, TransportError
+from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, HostUnreachable, RelaunchError, TransportError
 from relaunch.sshconfig import passphrase_block, resolve
 
 log = logging.getLogger(__name__)
@@ -224,6 +226,9 @@ class SSHTransport:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._pkeys: dict[int, paramiko.PKey] = {}  # by hop: each is loaded (and decrypted) once
+        # Whether this transport ever reached the host: until then a host that cannot be connected to is an answer, not
+        # a fault of the wire (HostUnreachable.first_contact: said at once, not retried).
+        self.reached_once = False
 
     @property
     def known_hosts_path(self) -> Path:
@@ -330,6 +335,7 @@ class SSHTransport:
             raise
         log.info("connected to %s", self.host.route)
         assert conn is not None  # the route always ends with the host
+        self.reached_once = True
         return conn
 
     def _open_hop(self, i: int, hop: _Hop, gateway: Connection | None, command: Command) -> Connection:
@@ -364,11 +370,12 @@ class SSHTransport:
         except _TunnelFailed as exc:
             _close_quietly(conn)
             assert hop.reached_from is not None  # only a hop behind a jump host has a tunnel
-            raise TransportError(
+            raise HostUnreachable(
                 self.host.label,
                 command.display,
                 f"jump host {hop.reached_from.address} cannot open a tunnel to {login.hostname}:{login.port}: {exc}",
                 f"{hop.reach_advice()} (the jump host's sshd must allow TCP forwarding: AllowTcpForwarding yes)",
+                first_contact=not self.reached_once,
             ) from exc.cause
         except paramiko.BadHostKeyException as exc:
             _close_quietly(conn)
@@ -389,21 +396,30 @@ class SSHTransport:
             ) from exc
         except TimeoutError as exc:
             _close_quietly(conn)
-            raise TransportError(
+            raise HostUnreachable(
                 self.host.label,
                 command.display,
                 f"no answer from {hop.where} within {t:g} s",
                 f"{hop.reach_advice()} (network, firewall)",
+                first_contact=not self.reached_once,
             ) from exc
         except socket.gaierror as exc:
             _close_quietly(conn)
-            raise TransportError(
-                self.host.label, command.display, f"cannot resolve {login.hostname} ({hop.where}): {exc.strerror}", "check hostname"
+            raise HostUnreachable(
+                self.host.label,
+                command.display,
+                f"cannot resolve {login.hostname} ({hop.where}): {exc.strerror}",
+                "check hostname",
+                first_contact=not self.reached_once,
             ) from exc
         except _WIRE_ERRORS as exc:
             _close_quietly(conn)
-            raise TransportError(
-                self.host.label, command.display, f"cannot connect to {hop.where}: {_reason(exc)}", hop.reach_advice()
+            raise HostUnreachable(
+                self.host.label,
+                command.display,
+                f"cannot connect to {hop.where}: {_reason(exc)}",
+                hop.reach_advice(),
+                first_contact=not self.reached_once,
             ) from exc
         conn.transport.set_keepalive(KEEPALIVE_SECONDS)
         if isinstance(conn.transport.sock, socket.socket):

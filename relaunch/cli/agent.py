@@ -500,35 +500,69 @@ def start(idle_seconds: float) -> str:
             process.wait()
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-15:])
         raise AgentError(f"the agent did not start (exit code {process.poll()}); the end of {log}:\n{tail}")
-    (folder / f"{key}.pid").write_text(f"{process.pid} {_starttime(process.pid)}\n")
+    (folder / f"{key}.pid").write_text(f"{process.pid} {_starttime(process.pid)} {install_key()}\n")
     return (
         f"relaunch agent running (PID {process.pid}): relaunch commands now start in a fraction of a second; "
         f"it stops after {idle_seconds / 60:.0f} idle minutes, or with `relaunch agent stop`. Log: {log}"
     )
 
 
+def install_key(root: Path | None = None) -> str:
+    """Which install of relaunch this is: its interpreter and the folder its code is in. One user may have several (two
+    checkouts, a venv per project); each one's agents are its own: `relaunch agent stop` ends only those."""
+    root = root or Path(__file__).resolve().parents[2]
+    return hashlib.sha256(f"{sys.executable}\0{root}".encode()).hexdigest()[:16]
+
+
 def recorded_agents(folder: Path) -> list[tuple[Path, int, bool]]:
     """Every agent recorded in FOLDER: (pid file, PID, whether that very process still runs)."""
+    return [(pid_file, pid, running) for pid_file, pid, running, _ in _records(folder)]
+
+
+def own_agents(folder: Path) -> tuple[list[tuple[Path, int, bool]], int]:
+    """The agents of this install recorded in FOLDER, and how many live ones of other installs it holds beside them."""
+    mine, others, key = [], 0, install_key()
+    for pid_file, pid, running, install in _records(folder):
+        if install == key or (install is None and _interpreter_of(pid) in (None, sys.executable)):
+            mine.append((pid_file, pid, running))
+        elif running:
+            others += 1
+    return mine, others
+
+
+def _records(folder: Path) -> list[tuple[Path, int, bool, str | None]]:
+    """(pid file, PID, still running, the install it was started by: None in a record from before installs were kept)."""
     found = []
     for pid_file in sorted(folder.glob("*.pid")):
         try:
-            pid_text, started = pid_file.read_text().split()
+            pid_text, started, *install = pid_file.read_text().split()
             pid = int(pid_text)
         except (OSError, ValueError):
             continue
-        found.append((pid_file, pid, _starttime(pid) == started))
+        found.append((pid_file, pid, _starttime(pid) == started, install[0] if install else None))
     return found
 
 
+def _interpreter_of(pid: int) -> str | None:
+    """The interpreter a running agent was started with (its argv[0]: `start` runs sys.executable); None when unreadable."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def stop() -> str:
-    """Stop every agent of this user by its recorded PID (and start time); wait until each is gone."""
+    """Stop every agent of this install and user by its recorded PID (and start time); wait until each is gone. Another
+    install's agents (same uid, same folder) are left running, and said."""
     import time
 
     folder = agent_dir()
     if private_dir_problem(folder):
         return "no relaunch agent is running"
     stopped = []
-    for pid_file, pid, running in recorded_agents(folder):
+    mine, others = own_agents(folder)
+    left = f"; {others} agent(s) of another relaunch install left running (stop them with that install's relaunch)" if others else ""
+    for pid_file, pid, running in mine:
         if running:
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
@@ -536,7 +570,7 @@ def stop() -> str:
                 raise AgentError(f"agent PID {pid} did not stop within {STOP_TIMEOUT_SECONDS:.0f} s; it finishes running commands first")
             stopped.append(str(pid))
         pid_file.unlink(missing_ok=True)
-    return f"stopped relaunch agent(s): {', '.join(stopped)}" if stopped else "no relaunch agent is running"
+    return (f"stopped relaunch agent(s): {', '.join(stopped)}" if stopped else "no relaunch agent of this install is running") + left
 
 
 def _wait_gone(pid: int, deadline: float) -> bool:
@@ -562,13 +596,16 @@ def status() -> tuple[str, bool]:
         return "no relaunch agent is running", False
     key = code_key()
     lines, current = [], False
-    for pid_file, pid, running in recorded_agents(folder):
+    mine, others = own_agents(folder)
+    for pid_file, pid, running in mine:
         if not running:
             continue
         this_code = pid_file.stem == key and answers(folder / f"{key}.sock")
         current = current or this_code
         what = "serves the code as it is now" if this_code else "started for older code: commands run in-process (`relaunch agent stop`)"
         lines.append(f"agent PID {pid}: {what}; log {pid_file.with_suffix('.log')}")
+    if others:
+        lines.append(f"{others} agent(s) of another relaunch install (not this one's: it never uses or stops them)")
     return ("\n".join(lines) if lines else "no relaunch agent is running"), current
 
 

@@ -15,11 +15,12 @@ from typing import Any, Optional
 import typer
 
 from relaunch.config import Thresholds, load_target
-from relaunch.errors import ConfigError, PreflightFailed, RelaunchError
+from relaunch.errors import ConfigError, HostUnreachable, PreflightFailed, RelaunchError
 
 EXIT_CODES = (
     "Exit codes: 0 healthy, starting or finished; 1 not healthy (escalated, out of attempts, a step failed, "
-    "another recovery holds the target); 2 bad input (the target file, a preflight problem); "
+    "another recovery holds the target); 2 bad input (the target file, a preflight problem, a host that cannot be "
+    "reached: nothing ran there); "
     "3 an unexpected error (run again with --debug for the traceback)."
 )
 
@@ -78,22 +79,58 @@ def _options(
     DEBUG["on"] = debug
 
 
+class NotReached(RelaunchError):
+    """The target's host could not be reached before the command did anything there (`_reach`): exit 2."""
+
+    def __init__(self, error: RelaunchError) -> None:
+        self.error = error
+        super().__init__(str(error))
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The exit code of one of relaunch's errors: 2 bad input (the target file, a preflight problem, a host that could
+    not be reached before anything ran there), 1 every other refusal or failure."""
+    if isinstance(exc, (ConfigError, PreflightFailed, NotReached)):
+        return 2
+    if isinstance(exc, HostUnreachable) and exc.first_contact:
+        return 2
+    return 1
+
+
+def error_json(exc: BaseException, code: int, message: str | None = None) -> dict[str, Any]:
+    """The JSON object `--json` prints for a failure: the same facts as the one line, in fields."""
+    import re
+
+    from relaunch.plans.doctor import split_advice
+
+    inner = exc.error if isinstance(exc, NotReached) else exc
+    what, advice = split_advice(inner) if message is None else (message, "")
+    kind = re.sub(r"(?<!^)(?=[A-Z])", "_", type(inner).__name__).lower()
+    found: dict[str, Any] = {"ok": False, "exit_code": code, "error": kind, "message": what, "what_to_do": advice or None}
+    if isinstance(getattr(inner, "host", None), str):
+        found["host"] = inner.host
+    return found
+
+
 @contextmanager
-def _errors() -> Iterator[None]:
-    """One clean line for every failure: what failed and what to do; the traceback only with --debug."""
+def _errors(as_json: bool = False) -> Iterator[None]:
+    """One clean line for every failure: what failed and what to do; the traceback only with --debug. With --json,
+    the same as a JSON object on stdout too (`error_json`), so a program reading it gets an answer for every outcome."""
+
+    def fail(exc: BaseException, code: int, line: str, message: str | None = None) -> typer.Exit:
+        print(line, file=sys.stderr)
+        if as_json:
+            print(json.dumps(error_json(exc, code, message), indent=2))
+        return typer.Exit(code)
+
     try:
         yield
     except typer.Exit:
         raise
-    except (ConfigError, PreflightFailed) as exc:
-        print(f"relaunch: {exc}", file=sys.stderr)
-        raise typer.Exit(2) from None
     except RelaunchError as exc:
-        print(f"relaunch: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        print("relaunch: interrupted", file=sys.stderr)
-        raise typer.Exit(130) from None
+        raise fail(exc, exit_code_of(exc), f"relaunch: {exc}") from None
+    except KeyboardInterrupt as exc:
+        raise fail(exc, 130, "relaunch: interrupted", "interrupted") from None
     except BrokenPipeError:
         # `relaunch logs -f | head`: the reader left; no error, and no second one at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -102,11 +139,26 @@ def _errors() -> Iterator[None]:
         if DEBUG["on"]:
             traceback.print_exc()
         last = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        print(
-            f"relaunch: unexpected error: {last}\n  what to do: run again with --debug for the traceback, and report it if it looks like a bug",
-            file=sys.stderr,
-        )
-        raise typer.Exit(3) from None
+        advice = "run again with --debug for the traceback, and report it if it looks like a bug"
+        raise fail(exc, 3, f"relaunch: unexpected error: {last}\n  what to do: {advice}", f"unexpected error: {last}") from None
+
+
+def _reach(target: Any) -> Any:
+    """Before a command does anything on the target's host: open the SSH route to it, the connection its commands then
+    use (relaunch.transport's pool). A host that cannot be reached (refused, no answer, no such name, a host key or
+    key refused) ends the command here, at once: one line, exit 2, no flow run, nothing ran there. A gang is left to
+    its flows, which put a spare in place of a node that cannot be reached."""
+    if target.nodes or target.host.kind != "ssh":
+        return target
+    from relaunch.ssh import SSHTransport
+    from relaunch.transport import transport_for
+
+    transport = transport_for(target.host)
+    if isinstance(transport, SSHTransport):
+        failed = transport.reach()[-1][1]
+        if failed is not None:
+            raise NotReached(failed)
+    return target
 
 
 def _print_report(report: Any, as_json: bool) -> None:
@@ -134,8 +186,51 @@ def _run_flow(flow: Callable[..., Any], as_json: bool, **parameters: Any) -> Any
     from relaunch.flows.outcome import report_of, run_tags
 
     # The run is created with its target and host tags, so the flow's own tagging has nothing left to send.
-    with tags(*run_tags(parameters["target"])), spinning(flow.name, as_json):
+    with tags(*run_tags(parameters["target"])), spinning(flow.name, as_json), untraced():
         return report_of(flow(**parameters, return_state=True))
+
+
+class _Untraced:
+    """A log formatter that leaves out the traceback of one of relaunch's own errors (it ends the command as one line
+    that says what to do); any other record, an unexpected error's traceback too, is formatted as before."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def format(self, record: Any) -> str:
+        if not (record.exc_info and isinstance(record.exc_info[1], RelaunchError)):
+            return self.inner.format(record)
+        saved = record.exc_info, record.exc_text
+        record.exc_info = record.exc_text = None
+        try:
+            return self.inner.format(record)
+        finally:
+            record.exc_info, record.exc_text = saved
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@contextmanager
+def untraced() -> Iterator[None]:
+    """While a flow runs: the lines Prefect prints on this terminal (stdout, stderr) for a task or flow that raised one
+    of relaunch's errors carry no traceback (with --debug they do). The run's logs in the UI keep it (another handler)."""
+    import logging
+
+    from relaunch.cli.spinner import stream_handlers
+
+    if DEBUG["on"]:
+        yield
+        return
+    handlers = [h for h, _ in stream_handlers((1, 2)) if not isinstance(h.formatter, _Untraced)]
+    for h in handlers:
+        h.setFormatter(_Untraced(h.formatter or logging.Formatter()))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        for h in handlers:
+            if isinstance(h.formatter, _Untraced):
+                h.setFormatter(h.formatter.inner)
 
 
 @app.command()
@@ -163,12 +258,12 @@ def demo(
         from relaunch.demo.multinode import broken_gang
 
         # Its hosts are namespaces that go with it: the gang is stopped and they are removed on exit (and on Ctrl-C).
-        with _errors(), broken_gang(workdir.resolve() / scenario) as target:
+        with _errors(as_json), broken_gang(workdir.resolve() / scenario) as target:
             report = _run_flow(recover_training, as_json, target=target)
         _print_report(report, as_json)
         _exit_for(report)
         return
-    with _errors():
+    with _errors(as_json):
         target = prepare(scenario, workdir.resolve() / scenario, device=resolve_device(device.value if device else None))
         target_file = _write_target(target, workdir.resolve() / scenario / "target.yaml")
         try:
@@ -267,7 +362,7 @@ def diagnose(
     from relaunch.logtext import read_log
     from relaunch.snapshot import HealthSnapshot
 
-    with _errors():
+    with _errors(as_json):
         try:
             # Bounded reads: what the host's poll sends (earliest failures, the tail), whatever the log's size.
             excerpt = read_log(log)
@@ -276,7 +371,7 @@ def diagnose(
             raise ConfigError(f"cannot read {exc.filename}: {exc.strerror}") from None
     now = time.time()
     quiet = seconds_since_log_write if seconds_since_log_write is not None else max(0.0, now - excerpt.mtime)
-    with _errors():
+    with _errors(as_json):
         started = _epoch(started_at) if started_at is not None else None
     # The snapshot's clock: the run's start is the log's mtime plus the seconds since that write, less those since launch.
     since_launch = (excerpt.mtime + quiet - started) if started is not None else 1e9 if running else None
@@ -343,10 +438,34 @@ def check(
     """Check a target's health; signal, stop or start nothing unless --recover (a run started by hand is adopted: recorded, not touched)."""
     from relaunch.flows.check import check_training
 
-    with _errors():
-        report = _run_flow(check_training, as_json, target=load_target(target_file), recover=recover)
+    with _errors(as_json):
+        target = _reach(load_target(target_file))
+        report = _run_flow(check_training, as_json, target=target, recover=recover)
+        missing = _missing_repo(target, report)
+    if missing:
+        report.message = missing
     _print_report(report, as_json)
+    if missing:
+        print(
+            f"relaunch: {missing}\n  what to do: fix repo_dir in {target_file}, or put the training code's checkout there", file=sys.stderr
+        )
+        raise typer.Exit(2)
     _exit_for(report)
+
+
+def _missing_repo(target: Any, report: Any) -> str | None:
+    """Nothing on record (`unknown`) where repo_dir is not a folder on the host: a target file that names the wrong
+    place, said as that (exit 2) rather than as a run to launch. One `test -d` on the host, only then."""
+    from relaunch.commands import Command
+    from relaunch.transport import run, transport_for
+    from relaunch.verdicts import Verdict
+
+    if target.nodes or report.verdict is not Verdict.UNKNOWN:
+        return None
+    probe = Command(argv=("test", "-d", target.repo_dir), timeout_seconds=30, label="is repo_dir a folder")
+    if run(transport_for(target.host), probe, check=False).exit_code == 0:
+        return None
+    return f"repo_dir {target.repo_dir} is not a folder on {target.host.label}: there is no training code to check or launch"
 
 
 @app.command()
@@ -366,11 +485,11 @@ def recover(
         raise typer.Exit(0)
     from relaunch.flows.recover import recover_training
 
-    with _errors():
-        target = load_target(target_file)
+    with _errors(as_json):
+        target = _reach(load_target(target_file))
     if force:
         _confirm(f"--force stops {target.name} on {target.host.label} even if it is healthy, and relaunches it. Go on?", yes)
-    with _errors():
+    with _errors(as_json):
         report = _run_flow(recover_training, as_json, target=target, force=force)
     _print_report(report, as_json)
     _exit_for(report)
@@ -390,11 +509,11 @@ def stop(
 ) -> None:
     """Stop what relaunch started or adopted (recorded PIDs, the run's marker, its own tmux pane), on purpose: checks
     leave the target stopped until `relaunch recover`. Waits for its GPU memory to be released."""
-    with _errors():
-        target = load_target(target_file)
+    with _errors(as_json):
+        target = _reach(load_target(target_file))
     where = _where(target)
     _confirm(f"Stop {target.name} on {where}? Checks leave it stopped until `relaunch recover`.", yes)
-    with _errors():
+    with _errors(as_json):
         result = _stop(target, grace_seconds, deliberate=True)
     if as_json:
         print(json.dumps({"target": target.name, "host": where, "exit_code": result.exit_code, "output": result.stdout.strip()}, indent=2))
@@ -422,8 +541,8 @@ def adopt(
     Later checks judge it by the same rules as relaunch's own runs; stops and recoveries treat it as theirs."""
     from relaunch.tasks.adopt import adopt_run
 
-    with _errors():
-        adoption = adopt_run(one_host(load_target(target_file), "adopt"), log)
+    with _errors(as_json):
+        adoption = adopt_run(_reach(one_host(load_target(target_file), "adopt")), log)
     if as_json:
         print(json.dumps(adoption.model_dump(mode="json"), indent=2))
     else:
@@ -442,7 +561,7 @@ def logs(
     from relaunch.cli.logview import follow_log, log_path_of, tail_lines
 
     with _errors():
-        target = one_host(load_target(target_file), "logs")
+        target = _reach(one_host(load_target(target_file), "logs"))
         path = log_path_of(target)
         print(f"==> {path} on {target.host.label} <==", file=sys.stderr)
         offset = tail_lines(target, path, lines, sys.stdout)
@@ -463,9 +582,9 @@ def fleet(
     from relaunch.config import load_fleet
     from relaunch.flows.fleet import check_fleet
 
-    with _errors():
+    with _errors(as_json):
         targets, max_concurrent = load_fleet(fleet_file)
-        with spinning(check_fleet.name, as_json):
+        with spinning(check_fleet.name, as_json), untraced():
             state = check_fleet(targets=targets, recover=recover, max_concurrent=max_concurrent, return_state=True)
         result = state.result(raise_on_failure=False)
         if isinstance(result, BaseException):
@@ -497,7 +616,7 @@ def deploy_command(
     from relaunch.cli.deploy import deploy
     from relaunch.config import target_file as resolve
 
-    with _errors():
+    with _errors(as_json):
         path = resolve(target_file).resolve()
         done = deploy(load_target(path), path, cron, timezone, pool, say=(lambda line: None) if as_json else print)
     if as_json:
@@ -518,7 +637,7 @@ def undeploy_command(
     Runs already going finish; the host and the automations are not touched."""
     from relaunch.cli.deploy import undeploy
 
-    with _errors():
+    with _errors(as_json):
         name = load_target(target).name if Path(target).suffix in (".yaml", ".yml") or "/" in target else target
         removed = undeploy(name, say=(lambda line: None) if as_json else print)
     if as_json:
@@ -528,7 +647,9 @@ def undeploy_command(
 @app.command("status")
 def status_command(
     fleet_file: Optional[Path] = typer.Argument(
-        None, help="Fleet YAML (as for `relaunch fleet`); default: every target in ~/.config/relaunch/targets."
+        None,
+        help="A target YAML (or a target's name in ~/.config/relaunch/targets), or a fleet YAML (as for `relaunch fleet`); "
+        "default: every target in ~/.config/relaunch/targets.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
 ) -> None:
@@ -538,11 +659,11 @@ def status_command(
 
     from relaunch.cli.deploy import require_api
     from relaunch.cli.status import gather, render
-    from relaunch.config import load_fleet, target_names, targets_folder
+    from relaunch.config import load_targets, target_names, targets_folder
 
-    with _errors():
+    with _errors(as_json):
         if fleet_file is not None:
-            targets = load_fleet(fleet_file)[0]
+            targets = load_targets(fleet_file)
         else:
             targets = [load_target(name) for name in target_names()]
             if not targets:
@@ -598,7 +719,7 @@ def goodput(
     from relaunch import goodput as gp
     from relaunch.tasks.goodput import collect_timeline
 
-    with _errors():
+    with _errors(as_json):
         name = load_target(Path(target)).name if target.endswith((".yaml", ".yml")) or Path(target).is_file() else target
         now = datetime.now(UTC)
         result = gp.report(collect_timeline.fn(name, now - timedelta(days=days), now), days, now)
@@ -612,7 +733,7 @@ def rollback_venv_command(target_file: Path = typer.Argument(..., help="Target Y
     from relaunch.tasks.rollback_venv import rollback_venv
 
     with _errors():
-        step = rollback_venv.fn(one_host(load_target(target_file), "rollback-venv"))
+        step = rollback_venv.fn(_reach(one_host(load_target(target_file), "rollback-venv")))
     print(f"restored {step.detail.restored_from}; the replaced venv is kept as {step.detail.rolled_back_to}")
 
 
@@ -628,7 +749,7 @@ def doctor(
     from relaunch.cli.tempserver import configured_api_url
     from relaunch.plans.doctor import passed, render
 
-    with _errors():
+    with _errors(as_json):
         target = one_host(load_target(target_file), "doctor")
         checks = examine(target, configured_api_url())
     if as_json:
@@ -708,7 +829,7 @@ def gpus(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help=
 
     from relaunch.tasks.memory import all_ledgers
 
-    with _errors():
+    with _errors(as_json):
         with get_client(sync_client=True) as client:
             rows = [row for ledger in all_ledgers(client) for row in ledger.rows()]
     if as_json:
@@ -761,6 +882,7 @@ def main() -> None:
     prepare_environment()
     from relaunch.cli.tempserver import runs_flow, start_for_cli
 
+    _reach_before_the_server(sys.argv[1:])
     # Before anything imports Prefect, and from the main thread: Prefect's own temporary server outlives a killed CLI.
     server = start_for_cli(sys.argv[1:])
     if runs_flow(sys.argv[1:]):
@@ -768,6 +890,34 @@ def main() -> None:
         if server is None:
             _exit_if_api_unanswered()
     _run_app()
+
+
+def _reach_before_the_server(argv: list[str]) -> None:
+    """`check` and `recover`: the host is reached (`_reach`) before the temporary Prefect server starts and the flows
+    are imported, seconds of CPU a host that cannot be reached does not need: it is said, exit 2, in well under a
+    second. The connection stays in the pool for the flow. Left to the command as before: a bad target file, a key or
+    passphrase in a Secret block or a ~/.ssh/config alias (they may need the Prefect API), anything unusual in ARGV."""
+    from relaunch.cli.tempserver import command_of
+
+    command = command_of(argv)
+    if command not in ("check", "recover") or "--help" in argv or "--dry-run" in argv:
+        return
+    rest = argv[argv.index(command) + 1 :]
+    files = [arg for arg in rest if not arg.startswith("-")]
+    if len(files) != 1:
+        return
+    try:
+        target = load_target(files[0])
+    except RelaunchError:
+        return
+    logins = [target.host, *target.host.jump]
+    if target.host.ssh_config or any(h.key_secret_block or h.passphrase_secret_block for h in logins):
+        return
+    try:
+        with _errors("--json" in rest):
+            _reach(target)
+    except typer.Exit as exc:
+        _exit_now(exc.exit_code)
 
 
 def _exit_if_api_unanswered() -> None:

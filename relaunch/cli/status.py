@@ -4,11 +4,13 @@ Per target (those of the fleet file, else every target in ~/.config/relaunch/tar
 
 * verdict and since when: the newest report artifact (`check-training-NAME`, `recover-training-NAME`: each run
   publishes one, its description `VERDICT: message`), and the oldest report of the unbroken run of that verdict
-  before it;
+  before it; a recovery breaks the run (it stopped what ran and launched again, after a person's stop too): its own
+  report is where the run starts, and a recovery that ended between two reports without one ends it there;
 * last recovery: the newest `recover-training` flow run tagged `target:NAME` (a nightly check's subflow too) that
   ended, with its end state;
-* goodput: the hook GOODPUT_KEY: the newest artifact keyed `goodput-NAME` (whatever flow publishes it), its
-  description's first word (e.g. `93.1%`); `-` where there is none;
+* goodput: the hook GOODPUT_KEY: the newest artifact keyed `goodput-NAME` (whatever flow publishes it): the last
+  night's `goodput_percent` of its table (flows/common.py publish_goodput), else a first word of its description
+  that is a percentage (e.g. `93.1%`); `-` where there is neither;
 * nightly: the `check-training/nightly-NAME` deployment's schedule, `paused`, or `-` when not deployed.
 
 Rows are assembled by `row` from plain values, with no I/O; `gather` reads the server.
@@ -37,6 +39,7 @@ class Report(BaseModel):
     at: datetime
     verdict: Verdict | None
     message: str = ""
+    flow: str = Field("", description="The flow that published it (check-training, recover-training); empty: unknown.")
 
 
 class StatusRow(BaseModel):
@@ -52,13 +55,38 @@ class StatusRow(BaseModel):
     nightly: str | None = Field(None, description="The nightly check's schedule (`0 3 * * * UTC`), `paused`, or None: not deployed.")
 
 
-def parse_report(at: datetime, description: str | None) -> Report:
+def parse_report(at: datetime, description: str | None, flow: str = "") -> Report:
     head, _, message = (description or "").partition(": ")
     try:
         verdict: Verdict | None = Verdict(head.strip())
     except ValueError:
         verdict = None
-    return Report(at=at, verdict=verdict, message=message.strip())
+    return Report(at=at, verdict=verdict, message=message.strip(), flow=flow)
+
+
+def goodput_of(description: str | None, data: object = None) -> str | None:
+    """What the GOODPUT column says: the last night's percentage of a goodput table (its rows are the nights, then the
+    total), else the description's first word where it is a percentage; None otherwise (never a word like `goodput`)."""
+    import json
+
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            data = None
+    if isinstance(data, list):
+        rows = [r for r in data if isinstance(r, dict) and isinstance(r.get("goodput_percent"), (int, float))]
+        nights = [r for r in rows if r.get("night") != "total"] or rows
+        if nights:
+            return f"{float(nights[-1]['goodput_percent']):.1f}%"
+    first = (description or "").split()[:1]
+    if first and first[0].endswith("%"):
+        try:
+            float(first[0][:-1])
+        except ValueError:
+            return None
+        return first[0]
+    return None
 
 
 def row(
@@ -72,10 +100,15 @@ def row(
     reports = sorted(reports, key=lambda r: r.at, reverse=True)
     newest = reports[0] if reports else None
     since = None
+    ended = sorted(at for at, _ in recoveries)
     for r in reports:
         if r.verdict != newest.verdict:  # type: ignore[union-attr]
             break
+        if since is not None and any(r.at < at < since for at in ended):
+            break  # a recovery ended between this report and the newer one: the run since then is another
         since = r.at
+        if r.flow == "recover-training":
+            break  # the recovery stopped what ran and launched again: the run starts here
     last = max(recoveries, default=None, key=lambda r: r[0])
     return StatusRow(
         target=target.name,
@@ -86,7 +119,7 @@ def row(
         message=newest.message if newest else "",
         last_recovery=last[0] if last else None,
         last_recovery_state=last[1] if last else None,
-        goodput=(goodput or "").split()[0] if goodput and goodput.split() else None,
+        goodput=goodput_of(goodput),
         nightly=nightly,
     )
 
@@ -155,7 +188,8 @@ async def _one(client: Any, target: Target) -> StatusRow:
     found = await client.read_artifacts(
         artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys)), sort=ArtifactSort.CREATED_DESC, limit=HISTORY
     )
-    reports = [parse_report(a.created, a.description) for a in found if a.created]
+    flows = dict(zip(keys, ("check-training", "recover-training"), strict=True))
+    reports = [parse_report(a.created, a.description, flows.get(a.key or "", "")) for a in found if a.created]
     ended = await client.read_flow_runs(
         flow_filter=FlowFilter(name=FlowFilterName(any_=["recover-training"])),
         flow_run_filter=FlowRunFilter(
@@ -163,7 +197,7 @@ async def _one(client: Any, target: Target) -> StatusRow:
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED, StateType.FAILED, StateType.CRASHED])),
         ),
         sort=FlowRunSort.END_TIME_DESC,
-        limit=1,
+        limit=HISTORY,
     )
     recoveries = [(r.end_time, r.state.name) for r in ended if r.end_time and r.state]
     goodput = await client.read_artifacts(
@@ -183,4 +217,4 @@ async def _one(client: Any, target: Target) -> StatusRow:
         else:
             s = on[0].schedule
             nightly = f"{getattr(s, 'cron', None) or s} {getattr(s, 'timezone', None) or ''}".strip()
-    return row(target, reports, recoveries, goodput[0].description if goodput else None, nightly)
+    return row(target, reports, recoveries, goodput_of(goodput[0].description, goodput[0].data) if goodput else None, nightly)
