@@ -206,3 +206,17 @@ def test_a_stop_never_signals_itself_nor_the_process_that_asked_for_it(made):
         del os.environ["RELAUNCH_TARGET"]
     assert os.getpid() not in detail.signalled
     assert start_time(recorded_pid(t)) is None
+
+
+def test_a_persons_stop_of_a_target_never_launched_writes_nothing_on_the_host(made):
+    t = made()
+    assert not Path(t.state_path).exists()
+    stop.fn(t, deliberate=True)
+    assert not Path(t.state_path).exists(), sorted(str(p) for p in Path(t.state_path).rglob("*"))
+
+
+def test_a_persons_stop_of_a_launched_target_is_recorded(made):
+    t = made()
+    launch.fn(t, 1)
+    stop.fn(t, deliberate=True)
+    assert (Path(t.state_path) / "stopped").exists()

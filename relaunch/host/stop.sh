@@ -18,6 +18,9 @@ fi
 # A stop asked for from inside a trainer's environment: what it starts (ps, grep) must not carry the marker.
 unset RELAUNCH_RUN RELAUNCH_TARGET
 run_id=$(current_run "$state")
+# A target never launched here has no state folder: a stop that ends nothing leaves the host without one.
+had_state=''
+[ -d "$state" ] && had_state=1
 run='' pid='' pstart='' spid='' sstart='' lpid='' lstart='' panepid='' panestart='' pane_id=''
 if [ -n "$run_id" ]; then
   run=$(run_folder "$state" "$run_id")
@@ -229,7 +232,7 @@ if command -v nvidia-smi > /dev/null 2>&1 && [ ${#order[@]} -gt 0 ]; then
   done
   [ "$busy" = 0 ] || { echo "GPU memory still held by ${order[*]} 60 s after they exited; what to do: nvidia-smi shows who holds it"; exit 4; }
 fi
-if [ "$mode" = deliberate ]; then
+if [ "$mode" = deliberate ] && { [ -n "$had_state" ] || [ ${#order[@]} -gt 0 ]; }; then
   mkdir -p "$state" && rm -f -- "$state/stopped_how" && stamp "$state/stopped" \
     && echo "recorded a deliberate stop in $state/stopped: checks leave the target stopped until \`relaunch recover\`"
 fi
