@@ -11,7 +11,7 @@ from prefect import flow
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_goodput
-from relaunch.flows.outcome import final_state, report_of, tag_flow_run, untagged_tasks
+from relaunch.flows.outcome import conclude, emit, report_of, tag_flow_run, untagged_tasks
 from relaunch.flows.recover import checked, recover_training
 from relaunch.playbook import remedy
 from relaunch.report import Report
@@ -21,13 +21,23 @@ from relaunch.report import Report
 def check_training(target: Target, recover: bool = False) -> Report:
     """Poll the trainer until its verdict settles and report it; with `recover`, recover a crashed, stalled, degraded or never-launched run.
 
-    Ends Completed only when the target is (or ends) healthy, starting or finished; a sick run that was
-    not recovered, or a recovery that gave up, ends Failed with the report as the state's data.
+    Ends Completed only when the target is (or ends) healthy, starting or finished (named Recovered when its
+    recovery brought it back); a sick run that was not recovered, or a recovery that gave up, ends Failed with the
+    report as the state's data (named Escalated where a person must act; a refusal's error is then the data). The
+    run is renamed by what happened: `check-NAME: healthy`, `check-NAME: crashed (killed) -> recovered`.
     """
     report = Report(target=target.name, host=target.host.label, flow="check-training")
     tag_flow_run(target)
-    with untagged_tasks():
-        health = checked(target, 1)
+    try:
+        with untagged_tasks():
+            health = checked(target, 1)
+    except RelaunchError as exc:
+        # The check itself was refused (another target's state folder, a host that cannot be reached): an escalation.
+        report.refusal = type(exc).__name__
+        report.finish(f"the check failed: {type(exc).__name__}: {exc}")
+        publish(report)
+        emit("relaunch.recovery.escalated", target, report, refusal=report.refusal, attempt=0)
+        return conclude(report, exc)  # type: ignore[return-value]
     action, why, _ = remedy(health.diagnosis)
     verdict = health.diagnosis.verdict
     act = recover and verdict.needs_recovery()
@@ -37,18 +47,22 @@ def check_training(target: Target, recover: bool = False) -> Report:
         report.finish(health.diagnosis.summary if verdict.is_fine() else f"{health.diagnosis.summary}; not asked to recover: {why}")
         publish(report)
         publish_goodput(report)
-        return final_state(report)  # type: ignore[return-value]
+        return conclude(report)  # type: ignore[return-value]
     try:
         recovery = report_of(recover_training(target, return_state=True))
     except RelaunchError as exc:
-        report.finish(f"check found {verdict.value}; recover-training failed: {exc}")
+        # recover-training ended on a refusal (its event is out, its report on the error): the check ends escalated too.
+        if isinstance(getattr(exc, "report", None), Report):
+            merge_recovery(report, exc.report)  # type: ignore[attr-defined]
+        report.refusal = type(exc).__name__
+        report.finish(f"check found {verdict.value}; recover-training refused: {type(exc).__name__}: {exc}")
         publish(report)
         publish_goodput(report)
-        raise
+        return conclude(report, exc)  # type: ignore[return-value]
     merge_recovery(report, recovery)
     publish(report)
     publish_goodput(report)
-    return final_state(report)  # type: ignore[return-value]
+    return conclude(report)  # type: ignore[return-value]
 
 
 def merge_recovery(report: Report, recovery: Report) -> Report:

@@ -24,7 +24,7 @@ from pydantic import Field
 from relaunch.config import Target
 from relaunch.flows.check import merge_recovery
 from relaunch.flows.common import attempt_from, publish_goodput
-from relaunch.flows.outcome import emit, report_of, result_of
+from relaunch.flows.outcome import emit, name_flow_run, report_of, result_of
 from relaunch.flows.recover import announce_verdict, host_limit_name, recover_training
 from relaunch.gang import node_targets
 from relaunch.hardware import gpu_indexes_of
@@ -48,7 +48,7 @@ def recover_host(host: str, targets: list[Target]) -> list[Report | str]:
     return out
 
 
-@flow(name="check-fleet", log_prints=True, persist_result=True)
+@flow(name="check-fleet", flow_run_name="check-fleet", log_prints=True, persist_result=True)
 def check_fleet(
     targets: list[Target],
     recover: bool = True,
@@ -93,6 +93,7 @@ def check_fleet(
     fleet.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
     log().info("%s", fleet.summary())
     _publish(fleet)
+    name_flow_run(fleet.headline())
     for report in fleet.reports:
         publish_goodput(report)
     if all(r.verdict is not None and r.verdict.is_fine() for r in fleet.rows):

@@ -1,9 +1,12 @@
 """How a flow run ends where people look: its final state, its events, its tags.
 
-A run ends `Completed` only when the target ends healthy, starting or finished. Anything else (an
-escalation, attempts used up, a sick run nobody asked to recover) ends `Failed` with a one-line
-message; the report is still the state's data and the flow run's artifact. A green run that gave up
-would be a lie.
+A run ends `Completed` only when the target ends healthy, starting or finished (named `Recovered` when a
+recovery brought it back). Anything else (an escalation, attempts used up, a sick run nobody asked to
+recover) ends `Failed` with a one-line message and what to do (named `Escalated` when a person must act);
+the report is still the state's data and the flow run's artifact. A green run that gave up would be a lie.
+A refusal (a RelaunchError: no usable checkpoint, a preflight problem, a state folder of another target)
+is an escalation too, never a crash: the error is the state's data, logged at ERROR without a traceback.
+The run is renamed by what happened: `recover-NAME: crashed (killed) -> recovered`.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from typing import Any, TypeVar
 
 from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext, TagsContext
-from prefect.states import Failed
+from prefect.states import Completed, Failed
 
 from relaunch.config import Target
+from relaunch.errors import RelaunchError
 from relaunch.report import Report
 from relaunch.tasks.common import log
 
@@ -34,11 +38,82 @@ def one_line(report: Report) -> str:
     return f"{report.target} on {report.host}: {verdict}{cause}: {first}"[:480]
 
 
-def final_state(report: Report) -> Report | State:
-    """The report itself (Completed) when the target is fine; else a Failed state carrying it."""
+def final_state(report: Report, refused: RelaunchError | None = None) -> Report | State:
+    """The report itself (Completed) when the target is fine and nothing was done; Completed named Recovered when a
+    recovery brought it back; else Failed: named Escalated when a person must act (the playbook escalated, or a refusal:
+    `refused` is then the state's data, so a Python caller of the flow still gets the exception), carrying the report.
+    The message says what to do."""
+    outcome = report.outcome()
+    if refused is not None:
+        return Failed(name="Escalated" if outcome == "escalated" else None, message=ending(report, refused), data=refused)
     if is_fine(report):
-        return report
-    return Failed(message=one_line(report), data=report)
+        return Completed(name="Recovered", message=one_line(report), data=report) if outcome == "recovered" else report
+    return Failed(name="Escalated" if outcome == "escalated" else None, message=ending(report), data=report)
+
+
+def what_to_do(report: Report, refused: RelaunchError | None = None) -> str:
+    """The next step for a person, for an ending that is not fine."""
+    text = str(refused) if refused is not None else report.message
+    if "what to do:" in text:
+        return " ".join(text.split("what to do:", 1)[1].split())
+    outcome = report.outcome()
+    if outcome == "busy":
+        return "wait for the recovery holding the target to end (its flow run is named in the lock's owner line)"
+    if outcome == "not recovered":
+        return "recover it: run recover-training on the target (`relaunch recover TARGET.yaml`), or look at the report artifact first"
+    if refused is not None:
+        return f"fix what the {type(refused).__name__} above names (nothing was changed past it), then run recover-training again"
+    return f"look at the report artifact ({report.flow}-{report.target}): the playbook's reason is above; fix it, then run recover-training again"
+
+
+def ending(report: Report, refused: RelaunchError | None = None) -> str:
+    """The Failed state's message: the one line, then what to do (both within the UI's state message)."""
+    head = one_line(report) if refused is None else f"{report.target} on {report.host}: {gist(refused)}"
+    todo = f" | what to do: {what_to_do(report, refused)}"
+    room = max(200, 480 - len(todo))
+    return (head if len(head) <= room else head[: room - 3] + "...") + todo[: 480 - min(len(head), room)]
+
+
+def gist(exc: RelaunchError) -> str:
+    """A refusal in a few words: its problem(s) where it names them (CheckpointUnusable, PreflightFailed), else its
+    first line."""
+    problem = getattr(exc, "problem", None) or "; ".join(getattr(exc, "problems", None) or [])
+    text = problem or (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {' '.join(text.split())}"
+
+
+def conclude(report: Report, refused: RelaunchError | None = None) -> Report | State:
+    """How the run ends where people look: named by what happened (`recover-NAME: crashed (killed) -> recovered`), an
+    ERROR line saying what to do for every ending that is not fine (no traceback for a refusal), and the final state."""
+    name_flow_run(report.headline())
+    if refused is not None or not is_fine(report):
+        text = str(refused) if refused is not None else report.message
+        log().error(
+            "%s: %s: %s\n  what to do: %s",
+            report.target,
+            report.headline(),
+            text.split("\n  what to do:", 1)[0],
+            what_to_do(report, refused),
+        )
+    return final_state(report, refused)
+
+
+def name_flow_run(what: str) -> None:
+    """Rename the running flow run `NAME: WHAT`, once what happened is known: NAME is the run's name as it started
+    (`recover-TARGET` from `flow_run_name`, or the one a person gave it), since Prefect names a run only as it starts.
+    Events emitted after it carry the new name. Nothing outside a run."""
+    ctx = FlowRunContext.get()
+    if not ctx or not ctx.flow_run:
+        return
+    name = f"{ctx.flow_run.name}: {what}"[:200]
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(ctx.flow_run.id, name=name)
+        ctx.flow_run.name = name
+    except Exception as exc:  # a name is a view: never a reason to fail the run
+        log().warning("could not rename the flow run: %s", exc)
 
 
 def result_of(state: State, kind: type[R]) -> R:

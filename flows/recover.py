@@ -15,7 +15,7 @@ from prefect.exceptions import ObjectNotFound
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_ledger
-from relaunch.flows.outcome import emit, final_state, is_fine, tag_flow_run, untagged_tasks
+from relaunch.flows.outcome import conclude, emit, is_fine, tag_flow_run, untagged_tasks
 from relaunch.gang import gang_action, gang_label, gang_run_id, indexed, replacement
 from relaunch.goodput import observe, payload_of
 from relaunch.gpufaults import bus_key
@@ -121,13 +121,40 @@ def _stacks(target: Target, health: HealthResult) -> list[StepRecord]:
 def recover_training(target: Target, force: bool = False) -> Report:
     """Diagnose the current run, then act on the verdict through the playbook until healthy or out of attempts.
 
-    Ends Completed only when the target ends healthy, starting or finished; otherwise Failed, with the
-    report as the state's data (`state.result(raise_on_failure=False)`) and as the run's artifact.
+    Ends Completed only when the target ends healthy, starting or finished (named Recovered when it acted); otherwise
+    Failed, with the report as the state's data (`state.result(raise_on_failure=False)`) and as the run's artifact;
+    named Escalated where a person must act: the playbook escalated, or a refusal (a RelaunchError, then the state's
+    data, with the report on it as `exc.report`), which is told like an escalation and never crashes the run.
+    The run is renamed by what happened: `recover-NAME: crashed (killed) -> recovered`.
     """
     report = Report(target=target.name, host=gang_label(target), flow="recover-training")
     run_ctx = FlowRunContext.get()
     flow_run = str(run_ctx.flow_run.id) if run_ctx and run_ctx.flow_run else ""
     tag_flow_run(target)
+    try:
+        report = _locked_recovery(target, force, report, flow_run)
+    except RelaunchError as exc:
+        # A refusal (no checkpoint it may resume from, a preflight problem, another target's state folder, a step the
+        # host refused) is an outcome: the report as far as it got, the escalation's event, a Failed state saying
+        # what to do, no traceback. The error stays the state's data: a Python caller of the flow still gets it.
+        refused(report, exc)
+        publish(report)
+        announce(target, report)
+        return conclude(report, exc)  # type: ignore[return-value]
+    announce(target, report)
+    return conclude(report)  # type: ignore[return-value]
+
+
+def refused(report: Report, exc: RelaunchError) -> Report:
+    """The report of a run a RelaunchError ended: which error, and what it said (the error keeps the report)."""
+    report.refusal = type(exc).__name__
+    report.finish(report.message if report.finished_at and report.message else f"{type(exc).__name__}: {exc}")
+    exc.report = report  # type: ignore[attr-defined]
+    return report
+
+
+def _locked_recovery(target: Target, force: bool, report: Report, flow_run: str) -> Report:
+    """The recovery inside its preflight, host slot and target lock (a gang with nothing to do takes neither)."""
     with untagged_tasks():
         first = checked(target, 1) if target.nodes else None
         if first is not None and nothing_to_do(target, first, force):
@@ -151,8 +178,7 @@ def recover_training(target: Target, force: bool = False) -> Report:
                     held.enter_context(target_lock(node, flow_run))
                 report.preflight += each(stop_leftovers, nodes)
                 report = _recover(target, force, report, flow_run)
-    announce(target, report)
-    return final_state(report)  # type: ignore[return-value]
+    return report
 
 
 def nothing_to_do(target: Target, health: HealthResult, force: bool) -> bool:
@@ -169,8 +195,10 @@ def announce(target: Target, report: Report) -> None:
     acted = any(a.action not in (Action.NONE, Action.ESCALATE) for a in report.attempts)
     last = report.attempts[-1] if report.attempts else None
     labels = {"cause": report.cause.value if report.cause else None, "attempt": len(report.attempts)}
-    if last and last.action is Action.ESCALATE:
-        emit("relaunch.recovery.escalated", target, report, **labels)
+    if report.refusal == "HostBusy":  # another recovery holds the target: that one tells its ending
+        emit("relaunch.recovery.failed", target, report, step_failed=report.refusal, **labels)
+    elif report.refusal or (last and last.action is Action.ESCALATE):
+        emit("relaunch.recovery.escalated", target, report, refusal=report.refusal, **labels)
     elif report.ok and acted:
         emit("relaunch.recovery.succeeded", target, report, **labels)
     elif not is_fine(report):
@@ -296,17 +324,9 @@ def _attempts(
         try:
             attempt.steps, attempt.run_id = run_steps(running, action, health, number, members)
         except RelaunchError as exc:
-            # The report still reaches the UI and the exception: which attempt, which step, what the host said.
-            publish(report.finish(f"attempt {number} ({action.value}) failed: {exc}"))
-            emit(
-                "relaunch.recovery.failed",
-                target,
-                report,
-                cause=health.diagnosis.cause.value if health.diagnosis.cause else None,
-                attempt=number,
-                step_failed=type(exc).__name__,
-            )
-            exc.report = report  # type: ignore[attr-defined]
+            # Which attempt, which step, what the host said: recover_training makes it the run's escalated ending.
+            report.finish(f"attempt {number} ({action.value}) failed: {exc}")
+            report.refusal = type(exc).__name__
             raise
         health = checked(running, number + 1)
     final = report.attempts[-1]

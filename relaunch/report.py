@@ -47,6 +47,9 @@ class Report(BaseModel):
     preflight: list[StepRecord] = Field(default_factory=list)
     gpus: list[GpuSample] = Field(default_factory=list)
     message: str = Field("", description="What a person should know or do next.")
+    refusal: str | None = Field(
+        None, description="The error that refused the run (CheckpointUnusable, PreflightFailed, ...): it ended escalated, not crashed."
+    )
 
     def finish(self, message: str = "") -> Report:
         last = self.attempts[-1] if self.attempts else None
@@ -56,6 +59,35 @@ class Report(BaseModel):
         self.finished_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.message = message or self.message
         return self
+
+    def acted(self) -> bool:
+        """Some attempt ran steps on the host (a check's own "would do" attempt runs none)."""
+        return any(a.steps for a in self.attempts)
+
+    def outcome(self) -> str:
+        """What happened, in a word or two: escalated, recovered, not recovered, failed; "" where nothing needed doing."""
+        last = self.attempts[-1] if self.attempts else None
+        if self.refusal == "HostBusy":
+            return "busy"
+        if self.refusal or (last is not None and last.action is Action.ESCALATE):
+            return "escalated"
+        if self.verdict is not None and self.verdict.is_fine():
+            return "recovered" if self.acted() else ""
+        return "failed" if self.acted() else "not recovered"
+
+    def headline(self) -> str:
+        """What was found and what came of it, for the flow run's name: `crashed (killed) -> recovered`, `healthy`,
+        `crashed (disk_full) -> escalated`, `crashed (killed) -> escalated (CheckpointUnusable)`, `escalated (PreflightFailed)`."""
+        first = self.attempts[0] if self.attempts else None
+        outcome = self.outcome()
+        if self.refusal:
+            outcome += f" ({self.refusal})"
+        elif outcome == "recovered" and self.verdict is not Verdict.HEALTHY and self.verdict is not None:
+            outcome += f" ({self.verdict.value})"
+        if first is None:  # refused before any check (a preflight, a lock held)
+            return outcome or "no verdict"
+        found = first.verdict.value + (f" ({first.cause.value})" if first.cause else "")
+        return f"{found} -> {outcome}" if outcome else found
 
     def timeline(self) -> list[str]:
         lines = []
@@ -184,6 +216,18 @@ class FleetReport(BaseModel):
                     }
                 )
         return out
+
+    def headline(self) -> str:
+        """The fleet's outcome, for its flow run's name: `3 targets: 2 healthy, 1 crashed; 1 recovered; 1 incident`."""
+        count: dict[str, int] = defaultdict(int)
+        for r in self.rows:
+            count[r.verdict.value if r.verdict else "error"] += 1
+        verdicts = ", ".join(f"{n} {v}" for v, n in sorted(count.items())) or "none"
+        recovered = sum(r.recovered for r in self.rows)
+        parts = [f"{self.targets} target{'s' if self.targets != 1 else ''}: {verdicts}"]
+        parts += [f"{recovered} recovered"] if recovered else []
+        parts += [f"{len(self.incidents)} incident{'s' if len(self.incidents) != 1 else ''}"] if self.incidents else []
+        return "; ".join(parts)
 
     def summary(self) -> str:
         count: dict[str, int] = defaultdict(int)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -53,15 +55,55 @@ def _run_name(name: str) -> Callable[..., str]:
 
 
 def step_task(name: str, retries: int = 2) -> Callable[[F], F]:
-    """A recovery step: named `step@host` in the UI, retried with backoff on transport faults only."""
-    return task(  # type: ignore[return-value]
-        name=name,
-        task_run_name=_run_name(name),
-        retries=retries,
-        retry_delay_seconds=[2, 10, 30],
-        retry_condition_fn=retry_transient_only,
-        cache_policy=NO_CACHE,
-    )
+    """A recovery step: named `step@host` in the UI, retried with backoff on transport faults only; every progress
+    artifact it opened ends with what came of it (finished_progress)."""
+
+    def decorate(fn: F) -> F:
+        return task(  # type: ignore[return-value]
+            name=name,
+            task_run_name=_run_name(name),
+            retries=retries,
+            retry_delay_seconds=[2, 10, 30],
+            retry_condition_fn=retry_transient_only,
+            cache_policy=NO_CACHE,
+        )(finished_progress(fn))
+
+    return decorate
+
+
+# The progress artifacts a step's run opened, for it to finish when it ends (a ContextVar: one list per step call).
+_OPEN_PROGRESS: ContextVar[list[Progress] | None] = ContextVar("relaunch_open_progress", default=None)
+
+
+def finished_progress(fn: F) -> F:
+    """`fn`, with every progress artifact opened while it runs brought to its end as it returns (`done`, or the
+    verdict of a health check: `healthy: ...`) or raises (`failed: ...`): none is left at `starting for 0 s`."""
+
+    @functools.wraps(fn)
+    def run_step(*args: Any, **kwargs: Any) -> Any:
+        opened: list[Progress] = []
+        token = _OPEN_PROGRESS.set(opened)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            for p in opened:
+                p.finish(f"failed: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:400], done=False)
+            raise
+        finally:
+            _OPEN_PROGRESS.reset(token)
+        for p in opened:
+            p.finish(outcome_of(result))
+        return result
+
+    return run_step  # type: ignore[return-value]
+
+
+def outcome_of(result: Any) -> str:
+    """A step's ending for its progress artifact: a health check's final verdict and summary, else `done`."""
+    diagnosis = getattr(result, "diagnosis", None)
+    if diagnosis is not None:
+        return f"{diagnosis.verdict.value}: {diagnosis.summary}"[:400]
+    return "done"
 
 
 def execute(target: Target, command: Command, *, check: bool = True, advice: str = "") -> Result:
@@ -100,8 +142,12 @@ class Progress:
 
     def __init__(self, key: str, description: str) -> None:
         self.id: UUID | None = None
+        self.percent, self.description, self.finished = 0.0, description, False
         if TaskRunContext.get() is None:
             return
+        opened = _OPEN_PROGRESS.get()
+        if opened is not None:
+            opened.append(self)
         try:
             from prefect.artifacts import create_progress_artifact
 
@@ -109,7 +155,20 @@ class Progress:
         except Exception as exc:  # the UI view is a nicety; never fail a recovery for it
             log().debug("progress artifact unavailable: %s", exc)
 
+    def finish(self, outcome: str, done: bool = True) -> None:
+        """The artifact's last word: at 100% with the outcome (`done` keeps a step's own last description); at the
+        point it stopped, with the failure, when `done` is False. Once."""
+        if self.finished:
+            return
+        if done and outcome == "done" and self.percent >= 100:
+            self.finished = True
+            return
+        description = (f"{self.description}: done" if outcome == "done" else outcome) if done else f"{self.description}: {outcome}"
+        self.update(100.0 if done else self.percent, description, announce=False)
+        self.finished = True
+
     def update(self, percent: float, description: str, announce: bool = True) -> None:
+        self.percent, self.description = percent, description
         if announce:
             log().info("%s (%.0f%%)", description, percent)
         if self.id is None:

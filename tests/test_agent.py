@@ -121,7 +121,7 @@ def test_the_agents_child_takes_the_callers_prefect_settings_not_the_agents(plac
 
     async def runs() -> list:
         async with get_client() as client:
-            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[f"check-{t.name}"])))
+            return await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=f"check-{t.name}:")))
 
     assert len(run_coro_as_sync(runs())) == 1, "the check's flow run is in the server the caller named"
     assert [c for _, c in children(runtime)] == ["check"]

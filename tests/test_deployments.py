@@ -222,7 +222,7 @@ def test_a_recovery_run_through_the_deployment_ends_healthy_and_its_report_is_re
             "150",
             timeout=180,
         )
-        assert out.returncode == 0 and "Flow run finished successfully in 'Completed'" in out.stdout, (
+        assert out.returncode == 0 and "Flow run finished successfully in 'Recovered'" in out.stdout, (
             out.stdout[-3000:] + out.stderr[-3000:]
         )
         assert tmux_alive(target.tmux_session), "the worker's run left the trainer running in tmux"
@@ -230,7 +230,7 @@ def test_a_recovery_run_through_the_deployment_ends_healthy_and_its_report_is_re
         stop_all(target)
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)[1]
     flow_run = plane.api(lambda c: c.read_flow_run(flow_run_id))
-    assert flow_run.state.is_completed() and flow_run.name == "recover-deployed"
+    assert flow_run.state.is_completed() and flow_run.name == "recover-deployed: unknown -> recovered"
     (artifact,) = plane.api(
         lambda c: c.read_artifacts(
             artifact_filter=ArtifactFilter(
@@ -268,7 +268,7 @@ def test_the_nightly_check_hands_a_crashed_run_to_recover_training_as_a_subflow(
     (subflow,) = plane.api(
         lambda c: c.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[check_run])))
     )
-    assert subflow.name == "recover-nightly" and subflow.state.is_completed()
+    assert subflow.name == "recover-nightly: crashed (error) -> recovered" and subflow.state.is_completed()
     (artifact,) = plane.api(
         lambda c: c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["check-training-nightly"])))
     )
@@ -368,7 +368,7 @@ def outcomes(results: list[tuple[int, str, str]]) -> str:
 def run_demo_deployment(plane: ControlPlane) -> None:
     """`recover-training/demo` through the worker, watched to its end: afterwards its trainer runs in relaunch-demo."""
     out = plane.prefect("deployment", "run", "recover-training/demo", "--watch", "--watch-timeout", "400", timeout=420)
-    assert out.returncode == 0 and "Flow run finished successfully in 'Completed'" in out.stdout, out.stdout[-3000:]
+    assert out.returncode == 0 and "Flow run finished successfully in 'Recovered'" in out.stdout, out.stdout[-3000:]
     assert tmux_alive("relaunch-demo")
 
 

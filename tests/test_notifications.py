@@ -184,7 +184,9 @@ def server(tmp_path_factory, receiver):
 def flow_run_named(server: Server, name: str):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
-    runs = server.api(lambda c: c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name]))))
+    # A run is renamed by what happened as it ends (`check-nightly: crashed (error) -> not recovered`): NAME, then `: `.
+    runs = server.api(lambda c: c.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=name))))
+    runs = [r for r in runs if r.name == name or r.name.startswith(f"{name}: ")]
     assert len(runs) == 1, f"one flow run named {name}: {runs}"
     return runs[0]
 
@@ -344,7 +346,7 @@ def test_a_failed_nightly_check_is_told_with_its_one_line_state_message(server, 
     run = flow_run_named(server, "check-nightly")
     assert run.state.is_failed() and "nightly" in run.tags
     message = receiver.wait(lambda m: "check-nightly" in m["subject"], 60, "the failed-nightly-check message")
-    assert message["subject"] == "relaunch: nightly check check-nightly Failed"
+    assert message["subject"] == "relaunch: nightly check check-nightly: crashed (error) -> not recovered Failed", message["subject"]
     assert run.state.message in message["body"] and "nightly on local: crashed" in message["body"], message["body"]
     # This test's own untagged check failed too, before it, but is not a nightly check: never told as one.
     assert flow_run_named(server, "check-daytime").state.is_failed()

@@ -38,7 +38,7 @@ def test_the_flow_run_page_shows_step_at_host_task_runs_and_the_report_artifact_
     shots = tmp_path / "shots"
     result = ui.ui_check(shots, tmp_path / "work")
     pages = result["pages"]
-    assert result["verdict"] == "healthy" and result["flow_run"]["state"] == "Completed", result["flow_run"]
+    assert result["verdict"] == "healthy" and result["flow_run"]["state"] == "Recovered", result["flow_run"]
     task_runs = pages["flow-run-task-runs"]
     assert "launch@localhost" in result["flow_run"]["task_runs"]
     assert (
