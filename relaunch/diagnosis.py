@@ -551,8 +551,21 @@ def _metrics(snap: HealthSnapshot, thresholds: Thresholds) -> Metrics:
 # ---- the trainer is gone ---------------------------------------------------------------------
 
 
+# What a trainer (or its framework) prints as training ends: `training complete`, HF's `Training completed.`,
+# Lightning's `` `Trainer.fit` stopped: `max_steps=100` reached.``.
+TRAINING_ENDED = re.compile(
+    r"(?i)\btraining (is )?(complete|completed|finished|done|ended)\b|\b(finished|done with|end of) training\b"
+    r"|stopped: `?max_(steps|epochs)=\d+`? reached"
+)
+
+
 def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0) -> Diagnosis:
     code = snap.exit_code
+    if code == 0 and snap.exit_masked and not any(TRAINING_ENDED.search(line) for line in _last_lines(snap, 6)):
+        # The 0 is a wrapper script's pipeline's (tee's), not the trainer's, and the trainer never said it finished:
+        # judged as a death without an exit code (its log's failure, else silent_exit), the wrapper named.
+        gone = _gone(snap.model_copy(update={"exit_code": None, "exit_masked": None}), metrics, min_free_disk_gb)
+        return gone.model_copy(update={"evidence": [*gone.evidence, f"the launch command exited 0, but {snap.exit_masked}"]})
     if code == 0:
         return Diagnosis(verdict=Verdict.FINISHED, summary="the trainer exited 0", evidence=_last_lines(snap, 3), metrics=metrics)
     cause = classify_failure([*snap.log_matches, *snap.log_tail])

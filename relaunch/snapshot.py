@@ -66,6 +66,11 @@ class HealthSnapshot(BaseModel):
     pid: int | None = Field(None, description="Recorded trainer PID.")
     pid_alive: bool = Field(False, description="The recorded PID is alive with its recorded start time.")
     exit_code: int | None = Field(None, description="Written by the launcher when the trainer exited.")
+    exit_masked: str | None = Field(
+        None,
+        description="Why an exit_code of 0 is not the trainer's: the launch command is a wrapper script whose trainer "
+        "wrote into a pipe (`python train.py | tee -a log`), so its status is the pipeline's last command's (RUN/exit_masked).",
+    )
     seconds_since_launch: float | None = Field(None, description="Host clock now minus recorded start.")
     seconds_since_log_write: float | None = Field(None, description="Host clock now minus the log's mtime.")
     log_size_bytes: int = Field(0, description="Size of the attempt's log.")

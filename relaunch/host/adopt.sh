@@ -83,6 +83,14 @@ echo "$trainer $tstart" > "$run/pid"
 echo "$pane $pane_start" > "$run/pane"
 printf '%s\n' "$pane_id" > "$run/pane_id"
 printf '%s\n' "$log" > "$run/log_path"
+# Where the poll starts reading this run's failures (RUN/log_offset, "SIZE SUM" as the supervisor writes it): the log's
+# size now. The run is alive now, so nothing printed before could have ended it, and a log appended to (`tee -a`,
+# `>>`) holds earlier runs' deaths before it. Its step lines before it are still read while it lives (the poll's tail),
+# as its progress; once it is dead only text from here is read. SUM (cksum of the 64 bytes before) tells a rewrite.
+size=$(stat -L -c %s -- "$log" 2> /dev/null) || size=0
+from=$(( size > 64 ? size - 64 : 0 )) sum=''
+[ "$size" -gt 0 ] && { sum=$(tail -c +$((from + 1)) -- "$log" 2> /dev/null | head -c $((size - from)) | cksum); sum=${sum%% *}; }
+printf '%s %s\n' "$size" "$sum" > "$run/log_offset"
 printf '%s\n' "$how" > "$run/adopted"
 : > "$run/checkpoint"
 [ -n "$writer" ] && record_pid "$writer" "$run/log_writer_pid"

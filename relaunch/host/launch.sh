@@ -95,6 +95,9 @@ printf '%s' "$supervisor" > "$run/supervisor.sh"
 printf '%s' "$launcher" > "$run/launcher.sh"
 printf '%s\0' "$@" > "$run/spec"
 printf '%s\n' "$log" > "$run/log_path"
+# Where this run's text begins in a log that may hold earlier runs': its size now (the supervisor records it again,
+# with the sum of the bytes before it, just before its first write; a poll meanwhile reads no earlier run's text).
+printf '%s\n' "$(stat -L -c %s -- "$log" 2> /dev/null || echo 0)" > "$run/log_offset"
 printf '%s\n' "$checkpoint" > "$run/checkpoint"
 date +%s.%N > "$run/started_at"
 printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$state/current"

@@ -20,18 +20,19 @@ fi
 M="@@relaunch-$nonce@@"
 # What `grep -a -b -B 12 -m 30 -E RE LOG` prints, read incrementally so a poll costs the new bytes, not the
 # whole log: RUN/scan keeps how far the log was scanned (and for which words), RUN/scan_matches what was found.
-# A log that shrank, or other words, is scanned again from the start. Each new scan starts 64 KiB before the
+# A log that shrank, or other words, or another start ($5, where this run's text begins: nothing before it is
+# scanned, not even as context), is scanned again from that start. Each new scan starts 64 KiB before the
 # last one ended so that a failure just after it keeps its 12 lines of context; lines already kept are dropped.
 scan_failures() {
-  local run=$1 log=$2 size=$3 words=$4 from=0 sum='' key start seen last sep
+  local run=$1 log=$2 size=$3 words=$4 base=${5:-0} from=0 sum='' key start seen last sep
   exec 8>> "$run/scan.lock" && flock -w 30 8
-  key=$(printf '%s' "$words" | cksum); key=${key%% *}
+  key=$(printf '%s %s' "$words" "$base" | cksum); key=${key%% *}
   { read -r from sum < "$run/scan"; } 2> /dev/null
-  if [ "$sum" != "$key" ] || [ "${from:-0}" -gt "$size" ] || [ ! -f "$run/scan_matches" ]; then from=0; : > "$run/scan_matches"; fi
+  if [ "$sum" != "$key" ] || [ "${from:-0}" -gt "$size" ] || [ ! -f "$run/scan_matches" ]; then from=$base; : > "$run/scan_matches"; fi
   seen=$(grep -c '^[0-9]*:' "$run/scan_matches")
   if [ "$seen" -lt 30 ] && [ "$from" -lt "$size" ]; then
     last=$(tail -n 1 "$run/scan_matches" | sed -n 's/^\([0-9]*\)[-:].*/\1/p')
-    start=$(( from > 65536 ? from - 65536 : 0 )) sep=0
+    start=$(( from - 65536 > base ? from - 65536 : base )) sep=0
     [ -s "$run/scan_matches" ] && sep=1
     tail -c +$((start + 1)) -- "$log" | head -c $((size - start)) | grep -a -b -B 12 -m 60 -E "$words" \
       | awk -v base="$start" -v last="${last:--1}" -v sep="$sep" '
@@ -307,19 +308,49 @@ fi
 if [ -n "$log" ] && [ -f "$log" ]; then
   [ -w "$run" ] && { : > "$run/poll_mark"; } 2> /dev/null
   size=$(stat -L -c %s -- "$log")
-  skip=$(( size > tail_bytes ? size - tail_bytes : 0 ))
+  # Only this run's text: from RUN/log_offset ("SIZE SUM": where the run began, written at its launch or adoption),
+  # not what earlier runs appended before it (`tee -a`, `>>`, many runs pointed at one file). A log now shorter than
+  # that, or whose 64 bytes before it are no longer the ones summed (copytruncate, then new writes past it), was
+  # rewritten since: all of its content is this run's. No record (a run of an older relaunch): the whole log.
+  base=0 osum=''
+  { read -r base osum < "$run/log_offset"; } 2> /dev/null
+  [[ $base =~ ^[0-9]+$ ]] || base=0
+  if [ "$base" -gt "$size" ]; then
+    base=0
+  elif [ "$base" -gt 0 ] && [ -n "$osum" ]; then
+    from=$(( base > 64 ? base - 64 : 0 ))
+    sum=$(tail -c +$((from + 1)) -- "$log" 2> /dev/null | head -c $((base - from)) | cksum); sum=${sum%% *}
+    [ "$sum" = "$osum" ] || base=0
+  fi
+  # An adopted trainer that lives: the step lines it printed before its adoption are its progress, and its tail may
+  # reach back for them (the failure scan does not). Dead, or launched by relaunch: the tail starts at the offset too.
+  tail_from=$base
+  [ -e "$run/adopted" ] && alive "$pid" "$pstart" && tail_from=0
+  skip=$(( size - tail_bytes > tail_from ? size - tail_bytes : tail_from ))
   kept=$(tail -c +$((skip + 1)) "$log" | head -c $((size - skip)) | tail -n "$tail_n" | wc -c)
   echo "$M log_mtime $(date -r "$log" +%s.%N)"
   echo "$M log_size $size"
+  echo "$M log_offset $base"
   echo "$M tail_start $((size - kept))"
-  # Fewer than tail_n line breaks in the budget: the tail starts mid-line.
-  [ "$skip" -gt 0 ] && [ "$kept" -eq $((size - skip)) ] && echo "$M tail_partial 1"
-  # The earliest failures anywhere in the log, with the frames before them, each prefixed by its byte offset.
+  # Fewer than tail_n line breaks in the byte budget: the tail starts mid-line (never at the run's own first byte).
+  [ "$skip" -gt "$tail_from" ] && [ "$kept" -eq $((size - skip)) ] && echo "$M tail_partial 1"
+  # The earliest failures of this run's text, with the frames before them, each prefixed by its byte offset in the log.
   echo "$M matches"
-  if [ -w "$run" ]; then scan_failures "$run" "$log" "$size" "$failure_re"; else grep -a -b -B 12 -m 30 -E "$failure_re" -- "$log"; fi | cut -c1-2000
+  if [ -w "$run" ]; then
+    scan_failures "$run" "$log" "$size" "$failure_re" "$base"
+  else
+    tail -c +$((base + 1)) -- "$log" | head -c $((size - base)) | grep -a -b -B 12 -m 30 -E "$failure_re" \
+      | awk -v base="$base" 'match($0, /^[0-9]+[-:]/) { print substr($0, 1, RLENGTH - 1) + base substr($0, RLENGTH); next } { print }'
+  fi | cut -c1-2000
   echo "$M tail"
   tail -c +$((size - kept + 1)) "$log" | head -c "$kept"
   echo
+fi
+# The launch command exited 0 through a wrapper script's pipeline (supervisor.sh, RUN/exit_masked): not the trainer's.
+if [ -n "$run_id" ] && [ -s "$run/exit_masked" ]; then
+  masked=''
+  slurp masked "$run/exit_masked"
+  echo "$M exit_masked ${masked//$'\n'/ }"
 fi
 # The run's journal (RUN/journal): every poll of every check appends what it saw, so a stall window is judged from
 # the run's own history, never from one look. `S HOSTTIME STEP` is the step the previous poll read in the log (the
