@@ -320,6 +320,9 @@ def test_a_stop_never_ends_the_tmux_server_though_it_was_started_from_the_traine
             f"the stop ended the tmux server and every session on it: {detail.output}"
         )
         assert subprocess.run(["tmux", "has-session", "-t", f"={session}"]).returncode == 0
+        # Nor is the server taken for a trainer of the target: the relaunch after the stop starts, beside it.
+        launch.fn(t, 2)
+        assert (start_time(server), start_time(person)) == started
 
 
 # ---- 6. the kernel-log rows fail in CI -----------------------------------------------------------

@@ -47,7 +47,9 @@ if [ -n "$cur" ]; then
 fi
 # A trainer of this target that relaunch no longer records (an older run's, one that outlived its session and was
 # then replaced, one of the legacy state folder) still carries its marker: a second trainer must not start beside it.
-others() { local p; while read -r p; do [ "$p" = "$$" ] || echo "$p"; done; }
+# Never the tmux server: one started from inside a trainer carries its marker, and it holds other people's sessions.
+server=$(tmux list-sessions -F '#{pid}' 2> /dev/null | head -n 1)
+others() { local p; while read -r p; do [ "$p" = "$$" ] || [ "$p" = "$server" ] || echo "$p"; done; }
 mapfile -t marked < <(target_marked_pids "$state" "$state" "$legacy_state" | others)
 if [ ${#marked[@]} -gt 0 ]; then
   echo "live processes carry this target's marker (RELAUNCH_TARGET=$state, or a RELAUNCH_RUN under $state/runs/ or $legacy_state/runs/): a trainer of this target runs; refusing to start a second one:"

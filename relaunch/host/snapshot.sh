@@ -242,6 +242,9 @@ if ! alive "$pid" "$pstart"; then
     { while read -r p; do own[$p]=1; done < "$run/tree"; } 2> /dev/null
   fi
   strays=()
+  own[$$]=1
+  server=$(tmux list-sessions -F '#{pid}' 2> /dev/null | head -n 1)
+  [ -n "$server" ] && own[$server]=1
   while read -r p; do [ -z "${own[$p]-}" ] && [ "$p" != "$$" ] && strays+=("$p marker"); done < <(target_marked_pids "$state" "$state")
   while read -r p; do
     [ -z "${own[$p]-}" ] && [ "$p" != "$$" ] && [[ " ${strays[*]} " != *" $p marker "* ]] && strays+=("$p program")
