@@ -74,7 +74,9 @@ def test_a_deployed_target_is_recovered_by_its_deployment_on_a_worker_with_only_
     )
     try:
         out = cli("prefect", "deployment", "run", f"check-training/nightly-{name}", "--watch", "--watch-timeout", "150", timeout=180)
-        assert out.returncode == 0 and "Flow run finished successfully in 'Recovered'" in out.stdout, out.stdout[-3000:] + (tmp_path / "worker.log").read_text()[-3000:]
+        assert out.returncode == 0 and "Flow run finished successfully in 'Recovered'" in out.stdout, (
+            out.stdout[-3000:] + (tmp_path / "worker.log").read_text()[-3000:]
+        )
         assert tmux_alive(target.tmux_session), "the deployment's run launched the trainer"
         status = cli("relaunch", "status", "--json")
         assert status.returncode == 0, status.stderr[-2000:]
