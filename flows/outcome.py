@@ -26,6 +26,10 @@ from relaunch.tasks.common import log
 R = TypeVar("R")
 
 
+# A state message holds the whole one line (a restart storm names every night of its cause) and what to do.
+MESSAGE_CHARS = 2000
+
+
 def is_fine(report: Report) -> bool:
     """The verdict a nightly check may end on without a person being told (Verdict.is_fine)."""
     return report.verdict is not None and report.verdict.is_fine()
@@ -35,7 +39,7 @@ def one_line(report: Report) -> str:
     verdict = report.verdict.value if report.verdict else "no verdict"
     cause = f" ({report.cause.value})" if report.cause else ""
     first = " ".join((report.message or "").split())
-    return f"{report.target} on {report.host}: {verdict}{cause}: {first}"[:480]
+    return f"{report.target} on {report.host}: {verdict}{cause}: {first}"[:MESSAGE_CHARS]
 
 
 def final_state(report: Report, refused: RelaunchError | None = None) -> Report | State:
@@ -70,8 +74,8 @@ def ending(report: Report, refused: RelaunchError | None = None) -> str:
     """The Failed state's message: the one line, then what to do (both within the UI's state message)."""
     head = one_line(report) if refused is None else f"{report.target} on {report.host}: {gist(refused)}"
     todo = f" | what to do: {what_to_do(report, refused)}"
-    room = max(200, 480 - len(todo))
-    return (head if len(head) <= room else head[: room - 3] + "...") + todo[: 480 - min(len(head), room)]
+    room = max(200, MESSAGE_CHARS - len(todo))
+    return (head if len(head) <= room else head[: room - 3] + "...") + todo[: MESSAGE_CHARS - min(len(head), room)]
 
 
 def gist(exc: RelaunchError) -> str:

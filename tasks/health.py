@@ -166,6 +166,11 @@ def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None
             rows = [row.model_copy(update={"member": row.node in members}) for row in rows]
             snaps = {row.node: snap for row, snap in found if snap is not None}
             diagnosis = judge_gang(rows)
+            # A node still watched (its history shorter than the stall window, its stacks being sampled) keeps the
+            # gang's poll going: the gang is not judged on one look of any node.
+            watched = next((r.diagnosis.watching for r in rows if r.member and r.diagnosis and r.diagnosis.watching), None)
+            if watched and diagnosis.settled:
+                diagnosis = diagnosis.model_copy(update={"watching": watched})
             if last is None or diagnosis.verdict is not last:
                 log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
                 last = diagnosis.verdict

@@ -17,7 +17,7 @@ import pytest
 
 from relaunch.commands import Command
 from relaunch.config import Host
-from relaunch.errors import AuthenticationFailed, HostKeyError, TransportError, is_transient
+from relaunch.errors import AuthenticationFailed, HostKeyError, HostUnreachable, TransportError, is_transient
 from relaunch.ssh import SSHTransport
 from tests.faults import wait_for
 from tests.netns import BehindBastion, behind_bastion
@@ -82,7 +82,8 @@ def test_a_command_runs_on_the_host_behind_the_bastion_and_every_command_shares_
 def test_the_host_behind_the_bastion_cannot_be_reached_directly(route: BehindBastion) -> None:
     direct = target(route, jump=[])
     error = connect_error(direct)
-    assert isinstance(error, TransportError) and is_transient(error), repr(error)
+    # Never reached before: an answer (nothing ran there), said at once, not retried.
+    assert isinstance(error, HostUnreachable) and not is_transient(error), repr(error)
     assert str(error).startswith(f"on {target_address(route)}: cannot run `probe`: "), str(error)
 
 
@@ -171,9 +172,9 @@ def test_a_wrong_key_for_the_bastion_fails_authentication_naming_the_bastion(rou
     assert f"with key {stranger}" in text and f"authorized_keys on {route.bastion.net.hosts[0].address}" in text
 
 
-def test_a_target_port_the_bastion_cannot_reach_is_a_transient_error_naming_the_bastion_and_the_tunnel(route: BehindBastion) -> None:
+def test_a_target_port_the_bastion_cannot_reach_is_an_unreachable_host_naming_the_bastion_and_the_tunnel(route: BehindBastion) -> None:
     error = connect_error(target(route, port=1))
-    assert isinstance(error, TransportError) and is_transient(error), repr(error)
+    assert isinstance(error, HostUnreachable) and not is_transient(error), repr(error)
     assert (
         error.reason
         == f"jump host {bastion_address(route)} cannot open a tunnel to {route.inner.address}:1: Connect failed (channel open failure 2)"

@@ -10,6 +10,7 @@ of the key and for both passphrases.
 from __future__ import annotations
 
 import logging
+import re
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -228,7 +229,8 @@ def test_a_target_file_with_both_a_key_file_and_a_key_block_is_refused_naming_bo
     path.write_text(yaml.safe_dump(fields))
     with pytest.raises(ConfigError) as info:
         load_target(path)
-    line = str(info.value).splitlines()[1]
+    # The field, with the target file's line where it was read (`host (line 1): ...`).
+    line = re.sub(r" \(line \d+\)", "", str(info.value).splitlines()[1])
     assert line.startswith(f"  {field}: "), str(info.value)
     if field != "host.key_secret_block":
         assert line == (

@@ -17,7 +17,7 @@ import pytest
 
 from relaunch.commands import Command
 from relaunch.config import Target
-from relaunch.errors import TransportError
+from relaunch.errors import HostUnreachable, TransportError
 from relaunch.flows.fleet import check_fleet
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
@@ -118,7 +118,7 @@ def test_a_host_that_goes_away_mid_run_is_an_unreachable_row_that_does_not_hold_
     row = outage.rows[2]
     address = f"{fleet.net.hosts[2].address}:{fleet.servers[2].port}"
     assert row.found is None and row.verdict is None and not row.ok and not row.recovered, row
-    assert row.message.startswith(f"check failed: {TransportError.__name__}: on root@{address}: cannot run `health poll`"), row.message
+    assert row.message.startswith(f"check failed: {HostUnreachable.__name__}: on root@{address}: cannot run `health poll`"), row.message
     assert [(r.found, r.ok) for r in outage.rows[:2]] == [(Verdict.HEALTHY, True)] * 2, outage.rows[:2]
     # Each attempt (the check, then Prefect's retries) gives up within the connect timeout: the open connection's next
     # channel, then new connections (~19 s in all here). Waiting out a poll's own limit would take 75 s per attempt.

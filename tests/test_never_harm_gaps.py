@@ -116,7 +116,9 @@ def test_a_recorded_pid_that_another_process_holds_after_a_reboot_is_dead_never_
     launch.fn(t, 1)
     stepping(t)
     run = run_folder(t)
-    # The machine goes down: every process of the run dies at once, nobody records an exit code, the session is gone.
+    # The machine goes down: every process of the run dies at once, nobody records an exit code, the session is gone
+    # (its pane without a hangup: a session a person ends would stop the run on purpose).
+    lose_pane(t.state_path, t.tmux_session)
     reap(t)
     wait_for(lambda: not live_trainers(t), 10, "the run's processes to die")
     assert not (run / "exit_code").exists(), "a reboot records no exit code"
