@@ -9,7 +9,8 @@ poll of every check (RUN/journal, snapshot.sh); this module reads that history:
 - a write is a change between polls (a size, an mtime), never an mtime held against the host's clock;
 - CPU gained over the window is work unless every stack sampled over it waits (a collective, a barrier, a lock,
   a queue, a sleep): an NCCL hang spins its GPU and a polling thread a core, so busy alone is not progress;
-- where the stacks cannot be read, a busy tree is given the benefit of the doubt for HANG_CEILING_FACTOR windows.
+- where the stacks cannot be read (asked for HANG_SAMPLES times, no thread in any dump), a busy tree is given the
+  benefit of the doubt for HANG_CEILING_FACTOR windows; a look that has not asked yet asks first.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class Activity:
     cpu_cores: float | None  # CPU used over the window, in cores (None: not measured)
     per_step_seconds: tuple[float, ...]  # step intervals seen across polls and checks
     stacks_waiting: bool | None  # None: not sampled (enough); True: every sample waited; False: one computed
+    # HANG_SAMPLES stack dumps were taken since the run went quiet and none could be read (py-spy could not attach).
+    stacks_unreadable: bool = False
 
     def busy(self) -> bool:
         return self.cpu_cores is not None and self.cpu_cores >= IDLE_CORES
@@ -138,6 +141,7 @@ def read_activity(
         cpu_cores=cpu,
         per_step_seconds=tuple(per_step[-20:]),
         stacks_waiting=_stacks_verdict(stack_samples, now - quiet_for),
+        stacks_unreadable=_unreadable(stack_samples, now - quiet_for),
     )
 
 
@@ -156,8 +160,11 @@ def _cpu_cores(polls: list[JournalPoll], now: float, window: float) -> float | N
 
 def _stacks_verdict(samples: tuple[tuple[float, bool, str], ...], quiet_since: float) -> bool | None:
     """Over the samples taken since the run went quiet: True: they all wait (HANG_SAMPLES of them), or spin in one and
-    the same place (SPIN_SAMPLES); False: they compute in more than one place; None: too few to tell."""
-    recent = [sample for sample in samples if sample[0] >= quiet_since]
+    the same place (SPIN_SAMPLES); False: they compute in more than one place; None: too few to tell.
+
+    A dump with no thread in it (py-spy could not attach: ptrace refused, the process gone) is no sample at all: six
+    of them are not six samples of one place."""
+    recent = [sample for sample in samples if sample[0] >= quiet_since and not _empty(sample)]
     if len(recent) >= HANG_SAMPLES and all(waiting for _, waiting, _ in recent):
         return True
     working = {place for _, waiting, place in recent if not waiting}
@@ -166,6 +173,17 @@ def _stacks_verdict(samples: tuple[tuple[float, bool, str], ...], quiet_since: f
     if len(recent) >= SPIN_SAMPLES and len(working) == 1 and all(place == recent[0][2] for _, _, place in recent):
         return True  # the same active frames, line for line, in every sample: a loop that spins, not a step that runs
     return None
+
+
+def _empty(sample: tuple[float, bool, str]) -> bool:
+    """A dump in which no thread was read (stack_sample's (False, '')): py-spy failed, nothing was seen."""
+    return not sample[1] and not sample[2]
+
+
+def _unreadable(samples: tuple[tuple[float, bool, str], ...], quiet_since: float) -> bool:
+    """Stacks were asked for since the run went quiet, HANG_SAMPLES times or more, and not one dump could be read."""
+    recent = [sample for sample in samples if sample[0] >= quiet_since]
+    return len(recent) >= HANG_SAMPLES and all(_empty(sample) for sample in recent)
 
 
 def typical_step_seconds(activity: Activity | None, within_check: tuple[float, ...]) -> float | None:

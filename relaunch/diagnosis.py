@@ -407,7 +407,10 @@ def _quiet_verdict(
         )
     if activity.stacks_waiting is False:
         return None  # its stacks compute (an evaluation, a long step, a save, a compile): work, not a stall
-    if since_step >= HANG_CEILING_FACTOR * window:
+    # Only where its stacks were asked for and could not be read: a check's first look has sampled nothing yet, and a
+    # busy tree quiet for long (a buffering pipe, a long evaluation) is sampled before it is judged, never on one look.
+    # Quiet for that long: no step and no write (a first step line after a long start-up is a write, not yet an advance).
+    if activity.stacks_unreadable and min(since_step, since_write) >= HANG_CEILING_FACTOR * window:
         return Diagnosis(
             verdict=Verdict.STALLED,
             summary=f"no new step for {since_step:.0f} s though its processes are busy",
