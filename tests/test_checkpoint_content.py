@@ -25,10 +25,9 @@ from hypothesis import strategies as st
 
 from relaunch.checkpoints import Entry, EntryProbe, Probe, RunFacts, choose, judge_file, not_a_step, read_listing, step_of
 from relaunch.config import Target
-from relaunch.tasks.launch import describe, pick_checkpoint, plan_list_checkpoints
-from relaunch.transport import run, transport_for
+from relaunch.tasks.launch import describe, pick_checkpoint
 from tests.faults import wait_for
-from tests.targets import shell_target
+from tests.test_checkpoint_choice import base, listed, target  # noqa: F401 - the shared target fixtures and the host listing
 
 # ---------------------------------------------------------------------------------------------
 # Real bytes
@@ -57,23 +56,6 @@ def safetensors_bytes(tensors: dict[str, int] | None = None) -> bytes:
 
 TORCH = torch_bytes()
 SAFE = safetensors_bytes()
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Target:
-    return shell_target(tmp_path_factory.mktemp("ckpt-content"))
-
-
-@pytest.fixture
-def target(base, tmp_path) -> Target:
-    (tmp_path / "ckpt").mkdir()
-    return base.model_copy(update={"checkpoint_dir": str(tmp_path / "ckpt"), "state_dir": str(tmp_path / "state")})
-
-
-def listed(target: Target) -> str:
-    command = plan_list_checkpoints(target)
-    assert command is not None
-    return run(transport_for(target.host), command).stdout
 
 
 def pick(target: Target):

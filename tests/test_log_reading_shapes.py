@@ -18,30 +18,12 @@ from hypothesis import strategies as st
 from relaunch.config import Thresholds
 from relaunch.diagnosis import diagnose, read_log
 from relaunch.logtext import clean_lines, printed_number
-from relaunch.snapshot import HealthSnapshot
 from relaunch.verdicts import Verdict
+from tests.test_judging import alive, lines  # the snapshot of a live run, and a log as the poll reads it
 
 JUDGING = Path(__file__).parent / "fixtures" / "judging"
 T = Thresholds(startup_grace_seconds=900, stall_window_floor_seconds=300, healthy_steps=3)
 BASELINE = T.model_copy(update={"baseline_tokens_per_second": 21500})
-LAUNCHED_AT = 1_764_650_000.0
-
-
-def lines(path: Path) -> list[str]:
-    return clean_lines(path.read_text(errors="replace"))
-
-
-def alive(log: list[str], since_launch: float, since_write: float) -> HealthSnapshot:
-    return HealthSnapshot(
-        launched=True,
-        session_alive=True,
-        pid=4242,
-        pid_alive=True,
-        log_tail=log,
-        seconds_since_launch=since_launch,
-        seconds_since_log_write=since_write,
-        log_mtime_epoch=LAUNCHED_AT + since_launch - since_write,
-    )
 
 
 def read_throughput_of(line: str) -> float | None:
