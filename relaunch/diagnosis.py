@@ -135,7 +135,6 @@ class Progress:
     gpu_all_zero_polls: int = 0
     checkpoint_written_at: float | None = None  # seconds since launch of the newest write into checkpoint_dir seen
     polls: int = 0
-    first_poll_at: float | None = None  # seconds since launch of this attempt's first poll: how long it was watched
     # py-spy samples of a quiet, busy tree: (host time, every thread of every process waiting).
     stack_samples: tuple[tuple[float, bool, str], ...] = ()
 
@@ -289,8 +288,6 @@ def advance(progress: Progress, snap: HealthSnapshot, thresholds: Thresholds) ->
     now = snap.seconds_since_launch or 0.0
     reading = read_log(snap.log_tail, thresholds)
     p = replace(progress, polls=progress.polls + 1)
-    if p.first_poll_at is None:
-        p = replace(p, first_poll_at=now)
     if snap.stacks is not None and snap.host_now_epoch is not None:
         p = replace(p, stack_samples=(*p.stack_samples, (snap.host_now_epoch, *stack_sample(snap.stacks)))[-12:])
     if progress.polls == 0:
