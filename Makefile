@@ -53,7 +53,7 @@ lint: setup system-test
 
 # Four workers on two cores: most tests wait on processes, servers and sockets rather than compute;
 # worksteal keeps the long tests from ending up in one worker's queue. The long end-to-end demo runs (marked `long`:
-# five demo scenarios, the demo over SSH, the demo deployment; a minute of CPU each) are `make test-long`'s, so that
+# six demo scenarios, the demo over SSH, the demo deployment; a minute of CPU each) are `make test-long`'s, so that
 # `make test` stays under 15 minutes on 2 cores; CI (.ci/run) runs both.
 test: lint
 	$(PY) -m pytest -q -n 4 --dist worksteal -m "not long" --durations=25

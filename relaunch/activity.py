@@ -8,7 +8,9 @@ poll of every check (RUN/journal, snapshot.sh); this module reads that history:
 - a stall window is judged only over history that spans it: a check with less history watches, it stops nothing;
 - a write is a change between polls (a size, an mtime), never an mtime held against the host's clock;
 - CPU gained over the window is work unless every stack sampled over it waits (a collective, a barrier, a lock,
-  a queue, a sleep): an NCCL hang spins its GPU and a polling thread a core, so busy alone is not progress;
+  a queue, a sleep) while the tree still burns CPU: an NCCL hang spins its GPU and a polling thread a core, so busy
+  alone is not progress; a tree that computed (a silent evaluation) and waits only since moments ago (a GPU-bound
+  step) is judged from when its work ended;
 - where the stacks cannot be read (asked for HANG_SAMPLES times, no thread in any dump), a busy tree is given the
   benefit of the doubt for HANG_CEILING_FACTOR windows; a look that has not asked yet asks first.
 """
@@ -92,6 +94,9 @@ class Activity:
     stacks_waiting: bool | None  # None: not sampled (enough); True: every sample waited; False: one computed
     # HANG_SAMPLES stack dumps were taken since the run went quiet and none could be read (py-spy could not attach).
     stacks_unreadable: bool = False
+    # Since the tree last burned CPU between two polls (0: it does now; None: not measured). Stacks sampled after a
+    # busy stretch (a silent evaluation) that wait now (a GPU-bound step) say nothing of the stretch before them.
+    idle_for_seconds: float | None = None
 
     def busy(self) -> bool:
         return self.cpu_cores is not None and self.cpu_cores >= IDLE_CORES
@@ -142,7 +147,20 @@ def read_activity(
         per_step_seconds=tuple(per_step[-20:]),
         stacks_waiting=_stacks_verdict(stack_samples, now - quiet_for),
         stacks_unreadable=_unreadable(stack_samples, now - quiet_for),
+        idle_for_seconds=_idle_for(polls, now),
     )
+
+
+def _idle_for(polls: list[JournalPoll], now: float) -> float | None:
+    """Seconds since the end of the last stretch between two polls in which the tree used IDLE_CORES or more."""
+    for before, after in zip(reversed(polls[:-1]), reversed(polls[1:])):
+        span = after.at_epoch - before.at_epoch
+        if span <= 0:
+            continue
+        gained = after.cpu_ticks - before.cpu_ticks
+        if gained < 0 or gained / TICKS_PER_SECOND / span >= IDLE_CORES:
+            return max(0.0, now - after.at_epoch)
+    return None if len(polls) < 2 else max(0.0, now - polls[0].at_epoch)
 
 
 def _cpu_cores(polls: list[JournalPoll], now: float, window: float) -> float | None:

@@ -391,6 +391,17 @@ def _quiet_verdict(
             evidence=[f"{quiet} (stall window {window:.0f} s, watched {activity.history_seconds:.0f} s)", cpu, *evidence],
             metrics=metrics,
         )
+    idle_for = activity.idle_for_seconds
+    if activity.stacks_waiting and idle_for is not None and 0 < idle_for < window:
+        # Its CPU over the window was work done before the samples (they wait now, and the tree is idle since): quiet
+        # counts from when that work ended, and a full window idle is the idle rule's.
+        return Diagnosis(
+            verdict=holding,
+            summary=f"quiet for {since_step:.0f} s; it computed until {idle_for:.0f} s ago and waits since",
+            evidence=[quiet, f"{cpu}, none of it in the last {idle_for:.0f} s, whose sampled stacks wait", *evidence],
+            metrics=metrics,
+            watching=f"the tree's work ended {idle_for:.0f} s ago, of a {window:.0f} s window",
+        )
     if activity.stacks_waiting:
         return Diagnosis(
             verdict=Verdict.STALLED,

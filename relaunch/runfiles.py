@@ -218,7 +218,10 @@ def parse_journal(lines: list[str]) -> tuple[list[JournalPoll], list[JournalStep
                 steps.append(JournalStep(at_epoch=float(f[1]), step=int(f[2])))
         except ValueError:
             continue
-    return polls, steps
+    # The host sends the lines where the step changed ahead of the journal's tail (and keeps them when it trims): the
+    # same line may come twice; in time order, once each.
+    unique = {(s.at_epoch, s.step): s for s in steps}
+    return polls, sorted(unique.values(), key=lambda s: s.at_epoch)
 
 
 OFFSET = re.compile(r"^(\d+)[:-](.*)$", re.DOTALL)

@@ -13,7 +13,7 @@ from relaunch.errors import CommandFailed, StateFolderTaken, TransportError
 from relaunch.gang import NodeHealth, current_members, judge_gang, node_targets
 from relaunch.goodput import Observation
 from relaunch.hardware import gpu_indexes_of
-from relaunch.plans.health import plan_snapshot
+from relaunch.plans.health import plan_journal_step, plan_snapshot
 from relaunch.runfiles import new_nonce, parse_snapshot, state_identity
 from relaunch.snapshot import HealthSnapshot
 from relaunch.tasks.adopt import adopt_run
@@ -64,6 +64,19 @@ def collect_snapshot(
     return snap
 
 
+def journal_last_step(target: Target, seen: Diagnosis, seen_in: HealthSnapshot) -> None:
+    """Leave the step the check's last poll read in the run's journal (each poll journals only its previous poll's),
+    so that the next check judges the stall window from the step interval this one saw. Best effort: a host that drops
+    now keeps its verdict; the next check then judges from less history, which only watches longer."""
+    step, at = seen.metrics.last_step, seen_in.host_now_epoch
+    if step is None or at is None or not seen_in.run_id or not seen_in.pid_alive:
+        return
+    try:
+        execute(target, plan_journal_step(target, seen_in.run_id, (at, step)))
+    except (CommandFailed, TransportError) as exc:
+        log().warning("%s: the last step read (%s) was not journaled: %s", target.name, step, str(exc).splitlines()[0])
+
+
 def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:
     """Poll with a long-poll wait on the host; return the first settled verdict (or `starting` at timeout).
 
@@ -103,6 +116,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
             elapsed = snap.seconds_since_launch or 0.0
             bar.update(min(99.0, 100.0 * elapsed / max(t.startup_grace_seconds, 1.0)), diagnosis.summary, announce=False)
         if diagnosis.settled or time.monotonic() >= deadline:
+            journal_last_step(target, diagnosis, snap)
             return HealthResult(
                 diagnosis=diagnosis, snapshot=snap, polls=polls, seconds=round(time.monotonic() - start, 3), progress=progress
             )
@@ -175,6 +189,7 @@ def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None
                 log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
                 last = diagnosis.verdict
             if diagnosis.settled or time.monotonic() >= deadline:
+                list(pool.map(lambda k: journal_last_step(nodes[k], *previous[k]), [k for k in previous if k in snaps]))
                 first = next(iter(snaps.values()), None) or HealthSnapshot(host=nodes[0].host.label, launched=False)
                 unfinished = sorted({s for snap in snaps.values() for s in snap.unfinished_steps})
                 return HealthResult(

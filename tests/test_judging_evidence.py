@@ -28,6 +28,7 @@ import logging, os, sys, threading, time
 every = float(os.environ.get("STEP_EVERY", "0.3"))
 busy = os.environ.get("BUSY") == "1"
 hang_after = int(os.environ.get("HANG_AFTER", "0"))
+gap_after, gap = int(os.environ.get("GAP_AFTER", "0")), float(os.environ.get("GAP", "0"))
 own_log = os.environ.get("OWN_LOG")
 say = print
 if own_log:
@@ -61,6 +62,8 @@ while True:
         lock = threading.Lock()
         lock.acquire()
         lock.acquire()  # never returns
+    if step == gap_after:
+        time.sleep(gap)  # quiet, as a GPU-bound stretch: no line, no CPU
     if busy:
         compute(every)
     else:
@@ -171,3 +174,34 @@ def test_a_thread_spinning_while_the_main_thread_waits_is_a_hang_by_its_stacks(m
     d = results[-1].diagnosis
     assert any("sampled stack" in line for line in d.evidence), (d.summary, d.evidence)
     assert results[-1].progress.stack_samples, "judged without a stack sample"
+
+
+def test_every_check_journals_the_step_it_read_last_so_a_quiet_gap_shorter_than_ten_intervals_is_no_stall(made, tmp_path):
+    # Steps every 0.5 s (a 5 s window by 10x), then 4 s of quiet (twice the 2 s floor), checks back to back: the checks
+    # that settle at their first look journal the step they read, so the next one keeps the window.
+    t = launched(made, tmp_path, STEP_EVERY="0.5", GAP_AFTER="12", GAP="4")
+    results = checks(t, 14)
+    never_stalled(results)
+    journal = (Path(t.state_path) / "runs" / results[-1].snapshot.run_id / "journal").read_text().splitlines()
+    steps = [int(line.split()[2]) for line in journal if line.startswith("S ")]
+    assert steps and steps[-1] == results[-1].diagnosis.metrics.last_step, journal[-6:]
+    settled_at_once = [r for r in results if r.polls == 1]
+    assert len(settled_at_once) >= 3, verdicts(results)
+    assert len(steps) >= sum(r.polls for r in results[1:]), "a check's last read step is journaled too"
+
+
+def test_a_journal_trimmed_to_its_tail_keeps_the_steps_changes_so_the_step_interval_outlives_a_long_quiet_stretch(made, tmp_path):
+    t = launched(made, tmp_path, STEP_EVERY="0.3")
+    first = check_health.fn(t)
+    journal = Path(t.state_path) / "runs" / first.snapshot.run_id / "journal"
+    changes = [line for line in journal.read_text().splitlines() if line.startswith("S ")]
+    assert len({line.split()[2] for line in changes}) >= 2, changes
+    # Weeks of polls of a quiet stretch: 10000 `P` lines after the steps, past the journal's bound (256 KiB).
+    last_poll = [line for line in journal.read_text().splitlines() if line.startswith("P ")][-1]
+    with journal.open("a") as f:
+        f.write((last_poll + "\n") * 10000)
+    later = check_health.fn(t)
+    kept = journal.read_text().splitlines()
+    assert len(kept) < 2000, "the journal was trimmed"
+    assert changes[0] in kept, "the first step change outlived the trim"
+    assert later.snapshot.journal_steps[0].step == int(changes[0].split()[2]), "and was sent ahead of the tail"

@@ -355,6 +355,9 @@ if [ -n "$run_id" ] && [ -s "$run/exit_masked" ]; then
   slurp masked "$run/exit_masked"
   echo "$M exit_masked ${masked//$'\n'/ }"
 fi
+# The journal's last STEP_CHANGES `S` lines whose step differs from the `S` line before.
+STEP_CHANGES=40
+step_changes() { awk '$1 == "S" && NF == 3 { if ($3 != last) print; last = $3 }' "$1" | tail -n "$STEP_CHANGES"; }
 # The run's journal (RUN/journal): every poll of every check appends what it saw, so a stall window is judged from
 # the run's own history, never from one look. `S HOSTTIME STEP` is the step the previous poll read in the log (the
 # judging side parses step lines); `P NOW CPU_TICKS LOG_SIZE WRITTEN_BYTES WRITTEN_MTIME CKPT_MTIME` this poll.
@@ -363,13 +366,15 @@ if [ -n "$run_id" ] && [ -w "$run" ] && alive "$pid" "$pstart"; then
     [ -n "$seen_step" ] && echo "S $seen_step"
     echo "P $now $ACT_CPU ${size:-0} $ACT_WBYTES $ACT_WMTIME ${ckpt_mtime:--}"
   } >> "$run/journal" 2> /dev/null
-  # Bounded: a run polled every few seconds for weeks keeps its last thousand lines.
+  # Bounded: a run polled every few seconds for weeks keeps its last thousand lines, and the lines where its step
+  # changed: its step interval (the stall window) outlives a quiet stretch longer than the tail.
   if [ "$(stat -c %s -- "$run/journal" 2> /dev/null || echo 0)" -gt 262144 ]; then
-    tail -n 1000 -- "$run/journal" > "$run/journal.tmp" && mv -f -- "$run/journal.tmp" "$run/journal"
+    { step_changes "$run/journal"; tail -n 1000 -- "$run/journal"; } > "$run/journal.tmp" && mv -f -- "$run/journal.tmp" "$run/journal"
   fi
 fi
 if [ -n "$run_id" ] && [ -f "$run/journal" ]; then
   echo "$M journal"
+  step_changes "$run/journal"
   tail -n 400 -- "$run/journal"
 fi
 echo "$M end"

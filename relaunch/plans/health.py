@@ -29,3 +29,16 @@ def plan_snapshot(
     args += (f"{seen_step[0]:.6f} {seen_step[1]}" if seen_step else "", "1" if want_stacks else "0")
     args += (target.repo_dir, target.launch_command)
     return script(host_script("snapshot"), *args, label="health poll", timeout_seconds=wait_seconds + 60)
+
+
+def plan_journal_step(target: Target, run_id: str, seen_step: tuple[float, int]) -> Command:
+    """The step a check's last poll read (host time, step), journaled in RUN/journal of `run_id` if it is still current:
+    the next check learns the step interval from it, even where every check settles at its first poll."""
+    return script(
+        host_script("journal_step"),
+        target.state_path,
+        run_id,
+        f"{seen_step[0]:.6f} {seen_step[1]}",
+        label="journal step",
+        timeout_seconds=30,
+    )
