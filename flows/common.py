@@ -9,10 +9,10 @@ from prefect.context import FlowRunContext
 from relaunch import goodput
 from relaunch.goodput import Goodput
 from relaunch.ledger import Ledger
-from relaunch.playbook import Action
 from relaunch.report import Attempt, Report
 from relaunch.tasks.common import artifact_key, log
 from relaunch.tasks.health import HealthResult
+from relaunch.vocabulary import Action
 
 
 def attempt_from(number: int, health: HealthResult, action: Action, why: str) -> Attempt:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,10 +24,10 @@ from relaunch.gpufaults import bus_key
 from relaunch.hardware import gpu_indexes_of
 from relaunch.history import Night, Storm, across_nights, night_of, restart_storm
 from relaunch.ledger import GpuFault, Ledger, gpu_faults, place, target_gpus
-from relaunch.playbook import Action, choose_action, resume_constraints, steps_for
+from relaunch.playbook import choose_action, resume_constraints, steps_for
 from relaunch.report import Report
 from relaunch.runfiles import new_run_id, utc_stamp
-from relaunch.steps import Step, StepRecord
+from relaunch.steps import StepRecord
 from relaunch.tasks.capture_stacks import capture_stacks
 from relaunch.tasks.common import log
 from relaunch.tasks.health import HealthResult, check_health
@@ -39,7 +41,7 @@ from relaunch.tasks.rebuild_venv import build_venv, rebuild_venv
 from relaunch.tasks.restore_code import check_restorable, restore_code
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Step, Verdict
 
 
 def each(step: Any, nodes: list[tuple[int | None, Target]], *args: Any, **kwargs: Any) -> list[StepRecord]:
@@ -57,13 +59,70 @@ def _record(result: StepRecord | tuple[Any, StepRecord]) -> StepRecord:
     return result[1] if isinstance(result, tuple) else result
 
 
+@dataclass(frozen=True)
+class StepRun:
+    """What a runner of one of a recovery's steps is given: the attempt's names, fixed before its first step (a step
+    retried after a dropped connection finds what its first try made), and the nodes each step runs on."""
+
+    target: Target
+    health: HealthResult
+    attempt: int
+    stamp: str
+    run_id: str
+    nodes: list[tuple[int | None, Target]]  # the nodes to launch (relaunch.gang.indexed)
+    stopping: list[tuple[int | None, Target]]  # those, and every node of the current launch that answers
+    before_step: int | None  # resume only from a checkpoint before this step
+    refuse: str | None  # never resume from this checkpoint
+
+
+Runner = Callable[[StepRun], list[StepRecord]]
+
+
+def _launch(run: StepRun) -> list[StepRecord]:
+    if not run.target.nodes:
+        _, record = launch(run.target, run.attempt, before_step=run.before_step, refuse=run.refuse, run_id=run.run_id)
+        return [record]
+    # Every node resumes from the one checkpoint node 0's listing gives, and meets at a fresh rendezvous.
+    choice = choose_checkpoint(run.nodes[0][1], run.before_step, run.refuse)
+    launching = indexed(run.target, run_id=run.run_id, nodes=[k for k, _ in run.nodes if k is not None])
+    return each(launch, launching, run.attempt, run.before_step, run.refuse, run.run_id, choice)
+
+
+# The one table of who runs each step of an action (Action.steps): a step with no runner here fails the recovery
+# loudly (NoRunner) before anything of its attempt ran; nothing falls through to a launch.
+RUNNERS: dict[Step, Runner] = {
+    Step.CAPTURE_STACKS: lambda run: _stacks(run.target, run.health),
+    Step.BUILD_VENV: lambda run: each(build_venv, run.nodes, stamp=run.stamp),
+    Step.STOP: lambda run: each(stop, run.stopping),
+    Step.REBUILD_VENV: lambda run: each(rebuild_venv, run.nodes, stamp=run.stamp),
+    Step.INSTALL_PACKAGE: lambda run: each(install_package, run.nodes, run.health.diagnosis.package or ""),
+    Step.RESTORE_CODE: lambda run: each(restore_code, run.nodes),
+    # A cache the trainer died loading is kept aside for a person to look at, never removed.
+    Step.WARM_CACHE: lambda run: each(warm_cache, run.nodes, keep_aside=run.health.diagnosis.cause is Cause.CORRUPT_CACHE),
+    Step.LAUNCH: _launch,
+}
+# Steps that are no action's: each has its own caller (preflight and leftovers before the attempts, the rollback after a
+# failed one), so no plan of an action may hold them.
+OWN_CALLERS = frozenset({Step.PREFLIGHT, Step.STOP_LEFTOVERS, Step.ROLLBACK_VENV})
+
+
+class NoRunner(LookupError):
+    """A step planned for an action that RUNNERS has no runner for: a bug, said before the attempt's first step."""
+
+    def __init__(self, steps: list[Step], action: Action):
+        names = ", ".join(s.value for s in steps)
+        super().__init__(f"no runner for step {names} of action {action.value} (flows/recover.py RUNNERS): nothing of this attempt ran")
+
+
 def run_steps(
     target: Target, action: Action, health: HealthResult, attempt: int, members: list[int] | None = None
 ) -> tuple[list[StepRecord], str | None]:
-    """The action's steps, in order; on a gang, each on every node of `members` (the nodes to launch) at once, the stop
-    also on every node of the current launch that answers."""
-    steps: list[StepRecord] = []
-    # Names fixed here, not in the steps: a step retried after a dropped connection finds what its first try made.
+    """The action's steps, in order, each by its runner (RUNNERS); on a gang, each on every node of `members` (the nodes
+    to launch) at once, the stop also on every node of the current launch that answers."""
+    planned = steps_for(action, health.snapshot.unfinished_steps)
+    missing = [step for step in planned if step not in RUNNERS]
+    if missing:
+        raise NoRunner(missing, action)
     stamp = utc_stamp()
     run_id = new_run_id(attempt, stamp=stamp)
     nodes = indexed(target, nodes=members)
@@ -71,8 +130,9 @@ def run_steps(
     stopping = indexed(target, nodes=sorted(set(members or []) | set(running))) if target.nodes else nodes
     if target.nodes:
         run_id = gang_run_id(run_id, [k for k, _ in nodes if k is not None])
-    planned = steps_for(action, health.snapshot.unfinished_steps)
     before_step, refuse = resume_constraints(health.diagnosis)
+    run = StepRun(target, health, attempt, stamp, run_id, nodes, stopping, before_step, refuse)
+    steps: list[StepRecord] = []
     for step in planned:
         if step is Step.STOP:
             # Asked before the run is stopped: a repo mid-rebase or mid-merge, or a checkpoint folder the launch would
@@ -82,29 +142,7 @@ def run_steps(
                     check_restorable(node)
             if Step.LAUNCH in planned:
                 check_resumable(nodes[0][1], before_step)
-        if step is Step.BUILD_VENV:
-            steps += each(build_venv, nodes, stamp=stamp)
-        elif step is Step.STOP:
-            steps += each(stop, stopping)
-        elif step is Step.REBUILD_VENV:
-            steps += each(rebuild_venv, nodes, stamp=stamp)
-        elif step is Step.INSTALL_PACKAGE:
-            steps += each(install_package, nodes, health.diagnosis.package or "")
-        elif step is Step.RESTORE_CODE:
-            steps += each(restore_code, nodes)
-        elif step is Step.WARM_CACHE:
-            # A cache the trainer died loading is kept aside for a person to look at, never removed.
-            steps += each(warm_cache, nodes, keep_aside=health.diagnosis.cause is Cause.CORRUPT_CACHE)
-        elif step is Step.CAPTURE_STACKS:
-            steps += _stacks(target, health)
-        elif target.nodes:
-            # Every node resumes from the one checkpoint node 0's listing gives, and meets at a fresh rendezvous.
-            choice = choose_checkpoint(nodes[0][1], before_step, refuse)
-            launching = indexed(target, run_id=run_id, nodes=[k for k, _ in nodes if k is not None])
-            steps += each(launch, launching, attempt, before_step, refuse, run_id, choice)
-        else:
-            _, record = launch(target, attempt, before_step=before_step, refuse=refuse, run_id=run_id)
-            steps.append(record)
+        steps += RUNNERS[step](run)
     return steps, run_id if Step.LAUNCH in planned else None
 
 

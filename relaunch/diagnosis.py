@@ -15,17 +15,7 @@ from relaunch.activity import HANG_CEILING_FACTOR, Activity, read_activity, stac
 from relaunch.config import Thresholds
 from relaunch.hardware import disk_full_evidence, full_disk_evidence, gpu_fault_evidence
 from relaunch.logtext import NUMBER, printed_number, training_step_mention
-from relaunch.snapshot import HealthSnapshot
-from relaunch.torchrun import (
-    RankFailure,
-    collective_timeouts,
-    failed_ranks,
-    rank_lines,
-    rendezvous_gap,
-    root_cause,
-    worker_group_failures,
-)
-from relaunch.verdicts import (
+from relaunch.signatures import (
     CACHE_DAMAGE_WARNING,
     DATALOADER_WORKER_DIED,
     DEFAULT_LOSS,
@@ -44,9 +34,18 @@ from relaunch.verdicts import (
     STEP_LINE,
     TQDM_PROGRESS,
     WRAPPER_EXCEPTIONS,
-    Cause,
-    Verdict,
 )
+from relaunch.snapshot import HealthSnapshot
+from relaunch.torchrun import (
+    RankFailure,
+    collective_timeouts,
+    failed_ranks,
+    rank_lines,
+    rendezvous_gap,
+    root_cause,
+    worker_group_failures,
+)
+from relaunch.vocabulary import Cause, Verdict
 
 _TOKENS_PER_SECOND = r"tok(?:en)?s?(?:[ _]?per[ _]?|\s*/\s*)s(?:ec(?:ond)?)?"
 DEFAULT_THROUGHPUT = re.compile(

@@ -14,8 +14,7 @@ from pydantic import BaseModel, Field
 
 from relaunch.config import DEFAULT_STATE_ROOT, Target
 from relaunch.diagnosis import Diagnosis
-from relaunch.playbook import Action
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Verdict
 
 # Worst first: the verdict a gang whose live nodes disagree takes from the nodes that print step lines.
 ALIVE_ORDER = (Verdict.STALLED, Verdict.DIVERGED, Verdict.DEGRADED, Verdict.STARTING, Verdict.HEALTHY)

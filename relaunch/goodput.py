@@ -11,34 +11,18 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
-from enum import Enum
 
 from pydantic import BaseModel, Field
 
 from relaunch.checkpoints import step_of
 from relaunch.diagnosis import Diagnosis, Progress
 from relaunch.snapshot import HealthSnapshot
-from relaunch.steps import Step
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Category, Step, Verdict
 
 # A trainer's recorded start (the host's clock) may fall this long after its launch step began and be the same launch;
 # and the launch step may spend this long (listing checkpoints, over a slow link) before it starts the trainer.
 LAUNCH_SLACK = timedelta(seconds=5)
 LAUNCH_LEAD = timedelta(minutes=10)
-
-
-class Category(str, Enum):
-    PRODUCTIVE = "productive"  # the trainer printed step lines, and their steps were kept
-    WASTED = "wasted_progress"  # step lines whose steps were redone: after the checkpoint the next run resumed from
-    DETECTION = "detection"  # from the run's last step line to the verdict that said it was not fine
-    STOP = "stop"  # stopping the run (and its leftovers, its stacks taken)
-    REBUILD = "rebuild"  # venv built or rebuilt, package installed, code restored, venv rolled back
-    WARM_UP = "warm_up"  # the compile cache cleared and warmed
-    LAUNCH = "launch"  # the launch step itself
-    RECOVERY_OTHER = "recovery_other"  # relaunch's own checks and bookkeeping between a verdict and the launch
-    START_UP = "start_up"  # from the trainer's start to its first step line
-    ESCALATED = "escalated"  # escalated to a person, until the next launch or healthy verdict
-    NOT_RUNNING = "not_running"  # nothing ran and relaunch was not at work (or nothing says otherwise)
 
 
 # Who owns a second that two intervals claim: the redone steps out of the productive ones, and a run still stepping
@@ -55,20 +39,6 @@ PRIORITY: tuple[Category, ...] = (
     Category.START_UP,
     Category.RECOVERY_OTHER,
 )
-
-STEP_CATEGORY: dict[Step, Category] = {
-    Step.PREFLIGHT: Category.RECOVERY_OTHER,
-    Step.STOP_LEFTOVERS: Category.STOP,
-    Step.CAPTURE_STACKS: Category.STOP,
-    Step.STOP: Category.STOP,
-    Step.BUILD_VENV: Category.REBUILD,
-    Step.REBUILD_VENV: Category.REBUILD,
-    Step.INSTALL_PACKAGE: Category.REBUILD,
-    Step.RESTORE_CODE: Category.REBUILD,
-    Step.ROLLBACK_VENV: Category.REBUILD,
-    Step.WARM_CACHE: Category.WARM_UP,
-    Step.LAUNCH: Category.LAUNCH,
-}
 
 
 class Observation(BaseModel):
@@ -252,7 +222,7 @@ def _claims(timeline: Timeline, end: datetime) -> dict[Category, list[tuple[date
     claims: dict[Category, list[tuple[datetime, datetime]]] = defaultdict(list)
     steps = sorted(timeline.steps, key=lambda s: s.started_at)
     for s in steps:
-        claims[STEP_CATEGORY.get(s.step, Category.RECOVERY_OTHER)].append((s.started_at, s.ended_at))
+        claims[s.step.category].append((s.started_at, s.ended_at))
     launches = [s for s in steps if s.step is Step.LAUNCH]
     stops = [s.started_at for s in steps if s.step is Step.STOP]
     runs = _runs(timeline)

@@ -17,9 +17,8 @@ from pydantic import BaseModel, Field
 from relaunch.checkpoints import step_of
 from relaunch.diagnosis import Diagnosis
 from relaunch.ledger import Placement
-from relaunch.playbook import Action, steps_for
-from relaunch.steps import Step
-from relaunch.verdicts import Cause, Verdict
+from relaunch.playbook import steps_for
+from relaunch.vocabulary import Action, Cause, Step, Verdict
 
 # A Prefect Variable holds at most 5,000 characters of JSON (prefect.types.MAX_VARIABLE_VALUE_LENGTH); the oldest
 # nights are dropped first to stay under it, with room for the wrapper.

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Cause, Verdict
 
 UNREACHABLE = "unreachable"
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from relaunch.errors import ConfigError
-from relaunch.verdicts import CLAUSE_BREAK, GOVERNS_AFTER, NOT_A_TRAINING_STEP, PATH_TOKEN
+from relaunch.signatures import CLAUSE_BREAK, GOVERNS_AFTER, NOT_A_TRAINING_STEP, PATH_TOKEN
 
 MAX_LINE_CHARS = 2000
 

@@ -2,41 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import NamedTuple
 
 from relaunch.diagnosis import Diagnosis
-from relaunch.steps import Step
-from relaunch.verdicts import Cause, Verdict
-
-
-class Action(str, Enum):
-    NONE = "none"  # healthy or finished: change nothing
-    FULL_RECOVERY = "full_recovery"  # the documented procedure: venv from lock, code, cache, launch
-    INSTALL_AND_RELAUNCH = "install_and_relaunch"  # add the missing package to the venv, relaunch
-    REWARM_AND_RELAUNCH = "rewarm_and_relaunch"  # known-good code, fresh warmed cache, relaunch
-    REWARM_CACHE_AND_RELAUNCH = "rewarm_cache_and_relaunch"  # the damaged cache moved aside and kept, a fresh one warmed, relaunch
-    RESTORE_AND_RELAUNCH_SAME = "restore_and_relaunch_same_checkpoint"  # venv to the lock, code to known_good_ref, same checkpoint
-    RELAUNCH = "relaunch"  # relaunch from the newest checkpoint as is
-    DUMP_AND_RELAUNCH = "dump_stacks_and_relaunch"  # keep every thread's stack, then stop and relaunch
-    RELAUNCH_EARLIER = "relaunch_from_earlier_checkpoint"  # skip checkpoints the failure makes suspect, relaunch
-    ESCALATE = "escalate"  # stop trying: a person must look (report says why)
-
-
-STEPS: dict[Action, list[Step]] = {
-    Action.NONE: [],
-    # The new venv is built aside while the run still runs (build_venv) and renamed into place after the stop
-    # (rebuild_venv): a lock that cannot be built fails the recovery with the run as it was.
-    Action.FULL_RECOVERY: [Step.BUILD_VENV, Step.STOP, Step.REBUILD_VENV, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
-    Action.INSTALL_AND_RELAUNCH: [Step.STOP, Step.INSTALL_PACKAGE, Step.LAUNCH],
-    Action.REWARM_AND_RELAUNCH: [Step.STOP, Step.RESTORE_CODE, Step.WARM_CACHE, Step.LAUNCH],
-    Action.REWARM_CACHE_AND_RELAUNCH: [Step.STOP, Step.WARM_CACHE, Step.LAUNCH],
-    Action.RESTORE_AND_RELAUNCH_SAME: [Step.BUILD_VENV, Step.STOP, Step.REBUILD_VENV, Step.RESTORE_CODE, Step.LAUNCH],
-    Action.RELAUNCH: [Step.STOP, Step.LAUNCH],
-    Action.DUMP_AND_RELAUNCH: [Step.CAPTURE_STACKS, Step.STOP, Step.LAUNCH],
-    Action.RELAUNCH_EARLIER: [Step.STOP, Step.LAUNCH],
-    Action.ESCALATE: [],
-}
+from relaunch.vocabulary import Action, Cause, Step, Verdict
 
 
 class Remedy(NamedTuple):
@@ -193,7 +162,7 @@ def steps_for(action: Action, unfinished: list[str] | None = None) -> list[Step]
     """The action's steps, plus any step a killed recovery left half done (its marker is on the host), in procedure order."""
     if action in (Action.NONE, Action.ESCALATE):
         return []
-    needed = set(STEPS[action]) | _unfinished(unfinished)
+    needed = set(action.steps) | _unfinished(unfinished)
     if Step.REBUILD_VENV in needed:
         # The swap after the stop takes what build_venv built aside before it.
         needed.add(Step.BUILD_VENV)
@@ -202,7 +171,7 @@ def steps_for(action: Action, unfinished: list[str] | None = None) -> list[Step]
 
 def redo_unfinished(action: Action, why: str, unfinished: list[str]) -> tuple[Action, str]:
     """Say so when the steps run will redo what an interrupted recovery left half done."""
-    extra = _unfinished(unfinished) - set(STEPS[action])
+    extra = _unfinished(unfinished) - set(action.steps)
     if not extra:
         return action, why
     names = ", ".join(s.value for s in Step if s in extra)
@@ -210,7 +179,9 @@ def redo_unfinished(action: Action, why: str, unfinished: list[str]) -> tuple[Ac
 
 
 def _unfinished(unfinished: list[str] | None) -> set[Step]:
-    return {Step(s) for s in unfinished or [] if s in Step._value2member_map_}
+    """The steps a killed recovery left half done that an action redoes; a step of its own caller (preflight, the
+    leftovers, a rollback) is redone by that caller, never added to an action's plan."""
+    return {Step(s) for s in unfinished or [] if s in Step._value2member_map_ and Step(s).of_an_action}
 
 
 def _same_failure(a: Diagnosis, b: Diagnosis) -> bool:
@@ -230,6 +201,6 @@ def playbook_table() -> str:
     """The playbook table of docs/internals.md, generated from PLAYBOOK."""
     rows = ["| verdict | cause | action | steps | why |", "| --- | --- | --- | --- | --- |"]
     for (verdict, cause), (action, why, _) in PLAYBOOK.items():
-        steps = " → ".join(s.value for s in STEPS[action]) or "—"
+        steps = " → ".join(s.value for s in action.steps) or "—"
         rows.append(f"| {verdict.value} | {cause.value if cause else 'any'} | {action.value} | {steps} | {why} |")
     return "\n".join(rows)

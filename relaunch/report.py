@@ -10,10 +10,9 @@ from pydantic import BaseModel, Field
 from relaunch.diagnosis import Metrics
 from relaunch.gang import NodeHealth
 from relaunch.goodput import Observation
-from relaunch.playbook import Action
 from relaunch.snapshot import GpuSample
 from relaunch.steps import StepRecord
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Verdict
 
 
 class Attempt(BaseModel):

@@ -38,6 +38,17 @@ from relaunch.config import Host, JumpHost, SSHLogin
 from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, HostUnreachable, RelaunchError, TransportError
 from relaunch.sshconfig import passphrase_block, resolve
 
+# Reads a Prefect Secret block by name (tasks/secrets.py): set from above, so that the core imports no Prefect.
+SecretLoader = Callable[[str], str]
+_secret_loader: SecretLoader | None = None
+
+
+def use_secret_loader(loader: SecretLoader) -> None:
+    """Where keys and passphrases kept in Secret blocks are read from (the tasks and the command set Prefect's)."""
+    global _secret_loader
+    _secret_loader = loader
+
+
 log = logging.getLogger(__name__)
 
 PASSPHRASE_ENV = "RELAUNCH_SSH_PASSPHRASE"
@@ -501,11 +512,13 @@ class SSHTransport:
     def _secret(self, name: str, hop: _Hop, missing_ok: bool) -> str | None: ...
 
     def _secret(self, name: str, hop: _Hop, missing_ok: bool = False) -> str | None:
-        # Imported here: only hosts with a key or passphrase in a block need the Prefect API.
-        from prefect.blocks.system import Secret
-
+        if _secret_loader is None:
+            raise AuthenticationFailed(
+                f"{hop.where}: Secret block {name!r} cannot be read here: no loader of Prefect Secret blocks was set\n"
+                "  what to do: run through the relaunch command or a flow (they set it), or call relaunch.ssh.use_secret_loader"
+            )
         try:
-            value = Secret.load(name).get()
+            value = _secret_loader(name)
         except Exception as exc:
             # Prefect says "Unable to find block document named ..." (a ValueError): a per-host block is optional.
             if missing_ok and isinstance(exc, ValueError) and "Unable to find block document" in str(exc):

@@ -6,26 +6,11 @@ notes a person needs (what drifted, where edits were saved, which checkpoint and
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
-
-class Step(str, Enum):
-    # Procedure order: steps_for() runs an action's steps in this order.
-    PREFLIGHT = "preflight"
-    STOP_LEFTOVERS = "stop_leftovers"
-    CAPTURE_STACKS = "capture_stacks"
-    # Before the stop: a venv that cannot be built fails the recovery while the run still runs.
-    BUILD_VENV = "build_venv"
-    STOP = "stop"
-    REBUILD_VENV = "rebuild_venv"
-    INSTALL_PACKAGE = "install_package"
-    RESTORE_CODE = "restore_code"
-    WARM_CACHE = "warm_cache"
-    LAUNCH = "launch"
-    ROLLBACK_VENV = "rollback_venv"
+from relaunch.vocabulary import Step
 
 
 class _Detail(BaseModel):

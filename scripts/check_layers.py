@@ -6,7 +6,8 @@
     flows             relaunch.flows     (flows/: order and branch)
     tasks             relaunch.tasks     (tasks/: one module per recovery step)
     core              every other relaunch.* module: pure judgement, models, transport, the steps' host commands
-                      (relaunch.plans, so the dry run and `stop` start without Prefect); never imports upward
+                      (relaunch.plans, so the dry run and `stop` start without Prefect); never imports upward,
+                      and never imports Prefect (what needs it is set from above: tasks/secrets.py)
 
 Every import counts, also one inside a function (a deferred import is still a dependency). Read with `ast`, so
 nothing is imported to check it. `python scripts/check_layers.py [ROOT]` exits 1 naming each upward import.
@@ -47,6 +48,11 @@ def modules(root: Path) -> dict[str, Path]:
 
 
 def imported(path: Path, module: str) -> list[tuple[int, str]]:
+    """The relaunch modules MODULE imports (relative imports resolved)."""
+    return [(line, name) for line, name in imports(path, module) if name == "relaunch" or name.startswith("relaunch.")]
+
+
+def imports(path: Path, module: str) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -57,7 +63,7 @@ def imported(path: Path, module: str) -> list[tuple[int, str]]:
                 found.append((node.lineno, f"{base}.{node.module}" if node.module else base))
             elif node.module:
                 found.append((node.lineno, node.module))
-    return [(line, name) for line, name in found if name == "relaunch" or name.startswith("relaunch.")]
+    return found
 
 
 def violations(root: Path) -> list[str]:
@@ -66,6 +72,11 @@ def violations(root: Path) -> list[str]:
         for line, name in imported(path, module):
             if RANK[layer(name)] > RANK[layer(module)]:
                 out.append(f"{path.relative_to(root)}:{line}: {module} ({layer(module)}) imports {name} ({layer(name)}), a layer above it")
+        if layer(module) == "core":
+            # The core runs without Prefect (the dry run, `relaunch stop`, a library caller): what needs it is a task's.
+            for line, name in imports(path, module):
+                if name == "prefect" or name.startswith("prefect."):
+                    out.append(f"{path.relative_to(root)}:{line}: {module} (core) imports {name}: the core imports no Prefect")
     return out
 
 

@@ -17,7 +17,11 @@ from prefect.context import FlowRunContext, TaskRunContext
 from relaunch.commands import Command, Result
 from relaunch.config import Target
 from relaunch.errors import is_transient
+from relaunch.tasks import secrets
 from relaunch.transport import run, transport_for
+
+# Keys and passphrases in Secret blocks are read through Prefect, wherever a task reaches a host.
+secrets.install()
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -19,7 +19,7 @@ from relaunch.snapshot import HealthSnapshot
 from relaunch.tasks.adopt import adopt_run
 from relaunch.tasks.common import Progress as ProgressArtifact
 from relaunch.tasks.common import artifact_key, execute, log, step_task
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 
 # The progress artifact of a start-up is updated at most this often.
 PROGRESS_UPDATE_SECONDS = 5.0

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from relaunch.commands import Command
 from relaunch.config import Target
-from relaunch.steps import InstallDetail, Step, StepRecord
+from relaunch.steps import InstallDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
 from relaunch.tasks.leftovers import stop_earlier_try, tracked
 from relaunch.tasks.rebuild_venv import installer_flags
+from relaunch.vocabulary import Step
 
 
 def plan_install(target: Target, package: str) -> Command:

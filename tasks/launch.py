@@ -16,8 +16,9 @@ from relaunch.plans.launch import (  # noqa: F401 - re-exported: callers import 
     skipped_path,
 )
 from relaunch.runfiles import log_path, new_run_id
-from relaunch.steps import LaunchDetail, Step, StepRecord
+from relaunch.steps import LaunchDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
+from relaunch.vocabulary import Step
 
 # What each of launch.sh's refusals means and what to do (its header lists the same exit codes).
 LAUNCH_ADVICE = (

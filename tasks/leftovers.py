@@ -18,8 +18,9 @@ from relaunch.plans.leftovers import (  # noqa: F401 - re-exported: callers impo
     plan_reap,
     tracked,
 )
-from relaunch.steps import LeftoversDetail, Step, StepRecord
+from relaunch.steps import LeftoversDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
+from relaunch.vocabulary import Step
 
 
 def reap(target: Target) -> list[str]:

@@ -9,8 +9,9 @@ from relaunch.plans.preflight import (  # noqa: F401 - re-exported: callers impo
     plan_preflight,
     problems_in,
 )
-from relaunch.steps import PreflightDetail, Step, StepRecord
+from relaunch.steps import PreflightDetail, StepRecord
 from relaunch.tasks.common import execute, step_task, timed
+from relaunch.vocabulary import Step
 
 
 @step_task("preflight")

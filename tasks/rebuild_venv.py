@@ -51,9 +51,10 @@ from relaunch.plans.rebuild_venv import (  # noqa: F401 - re-exported: callers i
     plan_swap,
 )
 from relaunch.runfiles import utc_stamp
-from relaunch.steps import BuildDetail, RebuildDetail, Step, StepRecord
+from relaunch.steps import BuildDetail, RebuildDetail, StepRecord
 from relaunch.tasks.common import Progress, artifact_key, execute, log, step_task, timed
 from relaunch.tasks.leftovers import stop_earlier_try
+from relaunch.vocabulary import Step
 
 
 def prune(target: Target, plan: dict[str, Command]) -> list[str]:

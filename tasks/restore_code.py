@@ -14,8 +14,9 @@ from relaunch.plans.restore_code import (  # noqa: F401 - re-exported: callers i
     RESTORE,
     plan_restore,
 )
-from relaunch.steps import RestoreDetail, Step, StepRecord
+from relaunch.steps import RestoreDetail, StepRecord
 from relaunch.tasks.common import execute, step_task, timed
+from relaunch.vocabulary import Step
 
 ADVICE = "see the output: finish or abort the git operation in progress (or resolve the conflicts), or check the repo; nothing was restored"
 

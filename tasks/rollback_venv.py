@@ -10,9 +10,10 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.runfiles import utc_stamp
-from relaunch.steps import RollbackDetail, Step, StepRecord
+from relaunch.steps import RollbackDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
 from relaunch.tasks.lock import target_lock
+from relaunch.vocabulary import Step
 
 # Refuse under a live trainer (it has the venv's files open); otherwise swap, putting the current one back on failure.
 ROLLBACK = host_script("rollback_venv")

@@ -9,8 +9,9 @@ from relaunch.plans.stop import (  # noqa: F401 - re-exported: callers import th
     parse_stop,
     plan_stop,
 )
-from relaunch.steps import Step, StepRecord
+from relaunch.steps import StepRecord
 from relaunch.tasks.common import execute, step_task, timed
+from relaunch.vocabulary import Step
 
 
 @step_task("stop")

@@ -25,9 +25,10 @@ from relaunch.plans.warm_cache import (  # noqa: F401 - re-exported: callers imp
     plan_warm,
 )
 from relaunch.runfiles import utc_stamp
-from relaunch.steps import Step, StepRecord, WarmDetail
+from relaunch.steps import StepRecord, WarmDetail
 from relaunch.tasks.common import Progress, artifact_key, execute, log, step_task, timed
 from relaunch.tasks.leftovers import stop_earlier_try
+from relaunch.vocabulary import Step
 
 IN_USE = 5  # cache_remove_aside.sh: a process still uses the aside copy
 

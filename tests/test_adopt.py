@@ -23,7 +23,7 @@ from relaunch.runfiles import state_identity
 from relaunch.tasks.adopt import adopt_run
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Cause, Verdict
 from tests.faults import RELAUNCH, making
 from tests.handmade import (
     Proc,

@@ -344,8 +344,8 @@ def test_a_checkpoint_folder_the_launch_would_refuse_fails_the_recovery_before_t
     """A stalled run whose checkpoint folder holds only names relaunch cannot use: the recovery's steps stop at the
     question asked before the stop, and the trainer is still the same process, stepping."""
     from relaunch.flows.recover import run_steps
-    from relaunch.playbook import Action
     from relaunch.tasks.health import collect_snapshot, poll_until_settled
+    from relaunch.vocabulary import Action
 
     first = launch.fn(target, 1)[0]
     write(Path(target.checkpoint_dir) / "step_1000_model.pt")

@@ -17,7 +17,7 @@ import yaml
 from relaunch.cli.status import parse_report, render, row
 from relaunch.config import Target
 from relaunch.deadman import deadman_name
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 from tests.faults import wait_for
 from tests.installed import clean_env, installed_venv
 from tests.targets import shell_target, stop_all, tmux_alive

@@ -24,9 +24,9 @@ import yaml
 
 from relaunch.config import Host, Target
 from relaunch.demo.target import make_target
-from relaunch.playbook import Action
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
+from relaunch.vocabulary import Action
 from tests.faults import wait_for
 from tests.targets import shell_target, stop_all, tmux_alive, wait_for_exit
 

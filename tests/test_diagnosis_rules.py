@@ -8,7 +8,7 @@ from relaunch.config import Thresholds
 from relaunch.diagnosis import Progress, advance, diagnose, missing_package, stall_window_seconds
 from relaunch.runfiles import parse_gpu_csv
 from relaunch.snapshot import HealthSnapshot
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Cause, Verdict
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 SAMPLES = Path(__file__).parent / "fixtures" / "samples"

@@ -24,7 +24,6 @@ from relaunch.demo.target import git
 from relaunch.demo.wheels import write_wheel
 from relaunch.errors import CommandFailed, HostBusy, PreflightFailed
 from relaunch.flows.recover import recover_training
-from relaunch.playbook import Action
 from relaunch.report import Report
 from relaunch.steps import LaunchDetail
 from relaunch.tasks.launch import launch
@@ -33,7 +32,7 @@ from relaunch.tasks.rebuild_venv import BUILDING_MARKER, rebuild_venv
 from relaunch.tasks.rollback_venv import plan_rollback, rollback_venv
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Verdict
 from tests.faults import (
     BAD_INPUT,
     DOC,

@@ -9,10 +9,9 @@ import pytest
 
 from relaunch.flows.check import check_training
 from relaunch.flows.fleet import check_fleet
-from relaunch.playbook import Action
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Action, Verdict
 from tests.targets import current, runs, shell_target, stop_all, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

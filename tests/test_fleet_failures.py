@@ -25,12 +25,11 @@ from relaunch.config import Target, Thresholds
 from relaunch.diagnosis import diagnose
 from relaunch.flows.recover import recover_training
 from relaunch.hardware import human_size
-from relaunch.playbook import Action
 from relaunch.report import Report
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch, skipped_path
 from relaunch.tasks.stop import stop
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Verdict
 from tests.faults import LOST, MID_STEP, bin_without, case, live_trainers, making, reap, sha256, tmpfs, tree, wait_for
 from tests.sshd import cannot_run_here
 from tests.targets import runs, step_detail, wait_for_exit
@@ -524,7 +523,7 @@ def test_a_checkpoint_that_does_not_load_is_skipped_kept_and_never_taken_again(m
     first = report.attempts[0]
     died = run_log(t, record.run_id)
     assert (first.verdict, first.cause, first.action) == (Verdict.CRASHED, Cause.BROKEN_CHECKPOINT, Action.RELAUNCH_EARLIER), (
-        "BUG relaunch/verdicts.py SIGNATURES (Cause.BROKEN_CHECKPOINT): torch.load of a checkpoint cut short to between ~4 KiB "
+        "BUG relaunch/signatures.py SIGNATURES (Cause.BROKEN_CHECKPOINT): torch.load of a checkpoint cut short to between ~4 KiB "
         "and ~64 KiB fails inside `torch._C.PyTorchFileReader` with `OSError: [Errno 22] Invalid argument` (torch 2.13; the "
         "zip reader seeks before the file's start looking for the central directory), which no signature names: the crash "
         "is judged `error`, the full recovery relaunches onto the same step_600.pt and the run crash-loops into an escalation "

@@ -29,11 +29,9 @@ from relaunch.demo.multinode import gang_target, rank_pids, trainer_pid
 from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
 from relaunch.gang import node_targets, rendezvous_port
-from relaunch.playbook import Action
-from relaunch.steps import Step
 from relaunch.tasks.health import check_health
 from relaunch.transport import close_all
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Action, Step, Verdict
 from tests.faults import MID_STEP, case, environ, reap, start_time, wait_for
 from tests.netns import Fleet, fleet_of_hosts
 from tests.sshd import cannot_run_here

@@ -12,8 +12,7 @@ from relaunch.config import Target, load_target
 from relaunch.diagnosis import Diagnosis, Metrics
 from relaunch.errors import ConfigError
 from relaunch.gang import NodeHealth, current_members, gang_action, gang_run_id, judge_gang, node_targets, rendezvous_port
-from relaunch.playbook import Action
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 

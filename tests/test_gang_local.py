@@ -14,8 +14,7 @@ from relaunch.config import Host, Target
 from relaunch.demo.multinode import node_like
 from relaunch.flows.recover import host_limit_name, recover_training
 from relaunch.gang import node_targets
-from relaunch.steps import Step
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Step, Verdict
 from tests.faults import live_trainers
 from tests.targets import shell_target, stop_all
 from tests.test_multirank import told

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from relaunch.activity import HANG_CEILING_FACTOR, HANG_SAMPLES, _stacks_verdict, _unreadable, stack_sample
 from relaunch.config import Thresholds
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose, run_activity
-from relaunch.playbook import Action, remedy
+from relaunch.playbook import remedy
 from relaunch.runfiles import parse_journal
 from relaunch.snapshot import HealthSnapshot, JournalPoll, JournalStep, OpenWrite
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Action, Verdict
 
 LAUNCH = 1_700_000_000.0
 TAIL_LINES = 20

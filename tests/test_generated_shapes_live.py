@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relaunch.playbook import Action, remedy
+from relaunch.playbook import remedy
 from relaunch.tasks.health import check_health
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Action, Verdict
 from tests.faults import making, wait_for
 from tests.test_judging_evidence import checks, launched, never_stalled, verdicts
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from relaunch.config import Thresholds
 from relaunch.diagnosis import Progress, advance, diagnose
 from relaunch.runfiles import parse_gpu_csv, parse_snapshot
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Cause, Verdict
 
 HOST = Path(__file__).parent / "fixtures" / "gpu_host"
 T = Thresholds(expected_gpus=1)

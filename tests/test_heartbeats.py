@@ -8,7 +8,7 @@ import time
 from prefect import flow_engine
 
 import relaunch.flows  # noqa: F401 - importing the flows installs the change under test
-from relaunch.heartbeats import installed
+from relaunch.flows.heartbeats import installed
 
 
 class Engine:
@@ -32,7 +32,7 @@ class Engine:
 
 
 def test_the_flows_make_prefects_heartbeat_sleep_end_with_the_flow_run():
-    assert installed(), "Prefect's flow engine changed: relaunch/heartbeats.py no longer applies"
+    assert installed(), "Prefect's flow engine changed: flows/heartbeats.py no longer applies"
 
 
 def test_a_flow_run_still_sends_its_heartbeat_and_its_end_does_not_wait_for_the_heartbeats_sleep():

@@ -15,7 +15,7 @@ from relaunch.gpufaults import parse_gpu_health
 from relaunch.logtext import clean_lines
 from relaunch.runfiles import parse_disks
 from relaunch.snapshot import HealthSnapshot
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Cause, Verdict
 
 FIXTURES = Path(__file__).parent / "fixtures"
 JUDGING = FIXTURES / "judging"

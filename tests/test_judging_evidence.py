@@ -19,7 +19,7 @@ from relaunch.config import Thresholds
 from relaunch.diagnosis import Diagnosis
 from relaunch.tasks.health import HealthResult, check_health
 from relaunch.tasks.launch import launch
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 from tests.faults import making, wait_for
 
 TRAINER = r"""

@@ -29,7 +29,7 @@ from relaunch.flows.check import check_training
 from relaunch.ssh import PASSPHRASE_ENV, SSHTransport
 from relaunch.tasks.launch import launch
 from relaunch.transport import close_all
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 from tests.faults import wait_for
 from tests.sshd import SSHServer, keygen, sshd  # noqa: F401  (sshd is a fixture)
 from tests.targets import shell_target, stop_all

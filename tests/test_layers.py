@@ -7,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = ROOT / "scripts" / "check_layers.py"
 
 
 def copy_of_the_house(tmp_path: Path) -> Path:
-    for folder in ("relaunch", "tasks", "flows", "demo"):
-        (tmp_path / folder).mkdir()
+    for folder in ("relaunch", "relaunch/plans", "relaunch/cli", "tasks", "flows", "demo"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
         for path in (ROOT / folder).glob("*.py"):
             shutil.copy(path, tmp_path / folder / path.name)
     return tmp_path
@@ -44,3 +46,27 @@ def test_a_task_that_imports_a_flow_breaks_the_contract(tmp_path):
     stop.write_text(stop.read_text() + "\nimport relaunch.flows.recover  # noqa\n")
     result = lint(root)
     assert result.returncode == 1 and "relaunch.tasks.stop (tasks) imports relaunch.flows.recover (flows)" in result.stdout
+
+
+# (file, what it gains, the words the contract must say): an upward import in every layer, the plans' and a relative one.
+UPWARD = [
+    ("relaunch/plans/stop.py", "from relaunch.tasks.stop import stop", "relaunch.plans.stop (core) imports relaunch.tasks.stop (tasks)"),
+    ("relaunch/diagnosis.py", "from relaunch.cli.app import app", "relaunch.diagnosis (core) imports relaunch.cli.app (wing)"),
+    ("tasks/stop.py", "from relaunch.demo import scenarios", "relaunch.tasks.stop (tasks) imports relaunch.demo (demo)"),
+    ("flows/check.py", "from relaunch.cli import status", "relaunch.flows.check (flows) imports relaunch.cli (wing)"),
+    ("demo/__init__.py", "import relaunch.cli.app", "relaunch.demo (demo) imports relaunch.cli.app (wing)"),
+    # Relative, from the plans' own package: `from ..tasks import stop` is relaunch.tasks.
+    ("relaunch/plans/launch.py", "from ..tasks import stop", "relaunch.plans.launch (core) imports relaunch.tasks (tasks)"),
+    ("relaunch/checkpoints.py", "from prefect import task", "relaunch.checkpoints (core) imports prefect: the core imports no Prefect"),
+    ("relaunch/plans/doctor.py", "import prefect.blocks.system", "the core imports no Prefect"),
+]
+
+
+@pytest.mark.parametrize(("file", "line", "said"), UPWARD, ids=[f"{f}:{line}" for f, line, _ in UPWARD])
+def test_an_upward_import_or_prefect_in_the_core_breaks_the_contract_in_every_layer(tmp_path, file, line, said):
+    root = copy_of_the_house(tmp_path)
+    path = root / file
+    path.write_text(path.read_text() + f"\n\ndef _upward():\n    {line}  # noqa\n")
+    result = lint(root)
+    assert result.returncode == 1, result.stdout
+    assert said in result.stdout and file in result.stdout, result.stdout

@@ -13,8 +13,8 @@ import pytest
 
 import relaunch.plans
 from relaunch.cli.tempserver import needs_temp_server
-from relaunch.playbook import Action, steps_for
-from relaunch.steps import Step
+from relaunch.playbook import steps_for
+from relaunch.vocabulary import Action, Step
 from tests.faults import write_target
 from tests.targets import shell_target
 

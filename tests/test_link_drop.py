@@ -26,7 +26,7 @@ from relaunch.flows.recover import recover_training
 from relaunch.report import Report
 from relaunch.tasks.rebuild_venv import BUILDING_MARKER, BUILT_RECORD
 from relaunch.transport import close_all
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 from tests.faults import MID_STEP, ONE, big_wheel, case, live_supervisor_groups, live_trainers, reap, start_time, wait_for
 from tests.netns import Fleet, fleet_of_hosts
 from tests.targets import finished, runs, shell_target, step_detail

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from relaunch.config import Thresholds
 from relaunch.diagnosis import diagnose, read_log
 from relaunch.logtext import clean_lines, printed_number
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 from tests.test_judging import alive, lines  # the snapshot of a live run, and a log as the poll reads it
 
 JUDGING = Path(__file__).parent / "fixtures" / "judging"

@@ -13,11 +13,10 @@ from relaunch.checkpoints import Entry, choose
 from relaunch.config import Thresholds
 from relaunch.diagnosis import Diagnosis, diagnose
 from relaunch.logtext import clean_lines
-from relaunch.playbook import Action, choose_action, remedy, resume_constraints, steps_for
+from relaunch.playbook import choose_action, remedy, resume_constraints, steps_for
 from relaunch.snapshot import HealthSnapshot
-from relaunch.steps import Step
 from relaunch.tasks.warm_cache import warm_cache
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Step, Verdict
 from tests.faults import making
 
 CPU = Path(__file__).parent / "fixtures" / "logs" / "cpu"

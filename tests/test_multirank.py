@@ -29,12 +29,11 @@ from relaunch import runlayout
 from relaunch.config import Target, Thresholds
 from relaunch.diagnosis import diagnose
 from relaunch.flows.recover import recover_training
-from relaunch.playbook import Action
 from relaunch.report import Report
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Verdict
 from tests.faults import MID_STEP, ONE, case, descendants, environ, group_members, live_trainers, reap, start_time, wait_for
 from tests.sshd import cannot_run_here
 from tests.targets import current, runs, shell_target, step_detail, wait_for_exit

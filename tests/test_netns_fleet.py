@@ -22,7 +22,7 @@ from relaunch.flows.fleet import check_fleet
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.transport import close_all, run, transport_for
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 from tests.netns import Fleet, fleet_of_hosts
 from tests.targets import current, runs, shell_target, stop_all, wait_for_exit
 

@@ -41,7 +41,7 @@ from relaunch.flows.recover import recover_training
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Cause, Verdict
 from tests.handmade import (
     Proc,
     dead,

@@ -28,13 +28,12 @@ from relaunch.demo.multinode import node_like
 from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
 from relaunch.gang import node_targets
-from relaunch.steps import Step
 from relaunch.tasks import common as task_common
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
 from relaunch.transport import close_all
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Step, Verdict
 from tests.faults import ROOT, environ, live_trainers, making, reap, start_time, wait_for
 from tests.handmade import last_step, lose_pane
 from tests.netns import Fleet, fleet_of_hosts

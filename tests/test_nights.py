@@ -14,9 +14,8 @@ from relaunch.history import History, Night, across_nights, night_of, restart_st
 from relaunch.incidents import Sick, cut_off, incidents
 from relaunch.ledger import Ledger, gpu_faults, place, target_gpus
 from relaunch.logtext import clean_lines
-from relaunch.playbook import Action
 from relaunch.snapshot import HealthSnapshot
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Verdict
 
 FIXTURES = Path(__file__).parent / "fixtures"
 XID = FIXTURES / "logs" / "xid"

@@ -19,12 +19,11 @@ from relaunch.flows.check import check_training
 from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
 from relaunch.ledger import Ledger
-from relaunch.playbook import Action
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.memory import history_variable, read_ledger, write_ledger
 from relaunch.transport import close_all
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Verdict
 from tests.faults import RELAUNCH, ROOT, cli_env, wait_for
 from tests.netns import Fleet, fleet_of_hosts
 from tests.targets import runs, shell_target, stop_all, wait_for_exit

@@ -10,10 +10,9 @@ from relaunch.demo.scenarios import SCENARIOS, prepare
 from relaunch.flows.check import check_training
 from relaunch.flows.outcome import report_of
 from relaunch.flows.recover import recover_training
-from relaunch.playbook import Action
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Action, Verdict
 from tests.targets import shell_target
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -22,7 +22,7 @@ from relaunch.flows.recover import recover_training  # noqa: E402
 from relaunch.tasks.common import step_task  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
 from relaunch.transport import close_all, run, transport_for  # noqa: E402
-from relaunch.verdicts import Cause, Verdict  # noqa: E402
+from relaunch.vocabulary import Cause, Verdict  # noqa: E402
 from tests.faults import wait_for  # noqa: E402
 from tests.targets import finished, shell_target  # noqa: E402
 

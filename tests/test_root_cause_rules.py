@@ -25,9 +25,9 @@ from relaunch.cli.app import app
 from relaunch.config import Thresholds
 from relaunch.diagnosis import Diagnosis, diagnose
 from relaunch.logtext import clean_lines
-from relaunch.playbook import Action, remedy
+from relaunch.playbook import remedy
 from relaunch.snapshot import HealthSnapshot
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Action, Cause, Verdict
 
 CPU = Path(__file__).parent / "fixtures" / "logs" / "cpu"
 T = Thresholds()

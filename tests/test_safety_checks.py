@@ -6,9 +6,10 @@ import pytest
 
 from relaunch.checkpoints import Entry, choose, parse_listing, step_of
 from relaunch.config import Target
-from relaunch.playbook import STEPS, Action, redo_unfinished, steps_for
+from relaunch.playbook import redo_unfinished, steps_for
 from relaunch.tasks.rebuild_venv import old_venvs_to_remove
 from relaunch.tasks.warm_cache import CACHE_MARKER, foreign_entries, parse_aside
+from relaunch.vocabulary import Action
 
 GOOD = dict(name="t", repo_dir="/root/r", venv_dir="/root/r/.venv", lock_file="req.lock", launch_command="x", log_dir="/w/logs")
 
@@ -116,7 +117,7 @@ def test_the_move_aside_listing_keeps_names_with_newlines_whole():
 def test_a_step_a_killed_recovery_left_unfinished_is_redone_in_procedure_order(action, unfinished, steps):
     assert " ".join(s.value for s in steps_for(action, unfinished)) == steps
     _, why = redo_unfinished(action, "because", unfinished)
-    assert ("interrupted" in why) == bool(set(unfinished) - {s.value for s in STEPS[action]})
+    assert ("interrupted" in why) == bool(set(unfinished) - {s.value for s in action.steps})
 
 
 def test_a_cache_dir_is_refused_when_it_overlaps_the_users_work_or_the_system():

@@ -21,7 +21,7 @@ from relaunch.tasks.rebuild_venv import rebuild_venv
 from relaunch.tasks.restore_code import restore_code
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Cause, Verdict
 from tests.faults import making, wait_for
 from tests.targets import tmux_alive
 

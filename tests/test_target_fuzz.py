@@ -20,7 +20,7 @@ from relaunch.config import load_target
 from relaunch.errors import ConfigError
 from relaunch.flows.recover import recover_training
 from relaunch.paths import CONTROL, normalise, overlaps
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 from tests.faults import reap, tree
 from tests.targets import shell_target
 

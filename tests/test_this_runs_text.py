@@ -32,7 +32,7 @@ from relaunch.runfiles import log_path, new_nonce, parse_snapshot
 from relaunch.tasks.adopt import adopt_run
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Cause, Verdict
 from tests.faults import making
 from tests.handmade import Proc, kill, reap, start_by_hand, trainers, wait_for
 from tests.targets import current, wait_for_exit

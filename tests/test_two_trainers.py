@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from relaunch.errors import CommandFailed
-from relaunch.playbook import Action, remedy
+from relaunch.playbook import remedy
 from relaunch.tasks.health import check_health
 from relaunch.tasks.launch import launch
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Action, Verdict
 from tests.faults import making, wait_for
 
 

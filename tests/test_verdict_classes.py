@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from relaunch.diagnosis import Diagnosis
-from relaunch.playbook import Action, choose_action, remedy
-from relaunch.verdicts import Cause, Verdict
+from relaunch.playbook import choose_action, remedy
+from relaunch.vocabulary import Action, Cause, Verdict
 
 
 @pytest.mark.parametrize("verdict", list(Verdict))

@@ -16,6 +16,10 @@ import typer
 
 from relaunch.config import Thresholds, load_target
 from relaunch.errors import ConfigError, HostUnreachable, PreflightFailed, RelaunchError
+from relaunch.tasks import secrets
+
+# Keys and passphrases in Secret blocks are read through Prefect (imported only when a host needs one).
+secrets.install()
 
 EXIT_CODES = (
     "Exit codes: 0 healthy, starting or finished; 1 not healthy (escalated, out of attempts, a step failed, "
@@ -458,7 +462,7 @@ def _missing_repo(target: Any, report: Any) -> str | None:
     place, said as that (exit 2) rather than as a run to launch. One `test -d` on the host, only then."""
     from relaunch.commands import Command
     from relaunch.transport import run, transport_for
-    from relaunch.verdicts import Verdict
+    from relaunch.vocabulary import Verdict
 
     if target.nodes or report.verdict is not Verdict.UNKNOWN:
         return None

@@ -12,7 +12,7 @@ import shlex
 from relaunch.commands import Command, host_argv
 from relaunch.config import Target
 from relaunch.host import script_name
-from relaunch.steps import Step
+from relaunch.vocabulary import Step
 
 STAMP = "<STAMP>"
 # A script's text is long and fixed (relaunch/host/*.sh): shown by its size, not inline.
@@ -23,7 +23,8 @@ def planned(target: Target) -> list[tuple[Step, str, Command]]:
     """(step, what, command) for the full procedure, in the order the recovery runs them: preflight and the
     leftovers' stop first (recover_training runs them before any action), then the full recovery's steps."""
     from relaunch.plans import PLANS
-    from relaunch.playbook import Action, steps_for
+    from relaunch.playbook import steps_for
+    from relaunch.vocabulary import Action
 
     steps = [Step.PREFLIGHT, Step.STOP_LEFTOVERS, *steps_for(Action.FULL_RECOVERY)]
     return [(step, what, command) for step in steps for what, command in PLANS[step](target, STAMP)]

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from relaunch.config import Target
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 
 # The hook for goodput: any flow (or person) that publishes an artifact under this key for a target fills the column.
 GOODPUT_KEY = "goodput-{name}"

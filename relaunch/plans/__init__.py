@@ -21,7 +21,7 @@ from relaunch.plans.rebuild_venv import plan_build, plan_swap
 from relaunch.plans.restore_code import plan_restore
 from relaunch.plans.stop import plan_stop
 from relaunch.plans.warm_cache import plan_warm
-from relaunch.steps import Step
+from relaunch.vocabulary import Step
 
 RUN_ID = "<RUN_ID>"
 NEWEST = "<newest usable checkpoint>"

@@ -1,72 +1,11 @@
-"""The vocabulary of outcomes: verdicts, causes, and the tables from raw signals to them."""
+"""The signatures of failures in raw text: the tables from a log's, the kernel's and the exit's signals to the
+vocabulary's causes (relaunch/vocabulary.py). Pure: regular expressions and signal numbers."""
 
 from __future__ import annotations
 
 import re
-from enum import Enum
 
-
-class Verdict(str, Enum):
-    STARTING = "starting"  # alive, within start-up grace or still making start-up progress; wait
-    HEALTHY = "healthy"  # alive, new step lines at or above the degraded threshold
-    DEGRADED = "degraded"  # alive and stepping, but tokens/s below degraded_ratio x baseline
-    STALLED = "stalled"  # alive, but no new step line (or no start-up progress) for the stall window
-    DIVERGED = "diverged"  # alive and stepping, but the loss of the last `diverged_steps` step lines is nan/inf
-    CRASHED = "crashed"  # the trainer is gone with a non-zero, unknown or missing exit code
-    FINISHED = "finished"  # the trainer exited 0: training ran to its end; never relaunched
-    UNKNOWN = "unknown"  # no launch on record and no session: nothing to judge
-    STOPPED = "stopped"  # stopped on purpose (`relaunch stop`) and nothing runs: left stopped until `relaunch recover`
-    UNMANAGED = (
-        "unmanaged"  # the session holds what relaunch will not judge or touch (not a training run, a second trainer): a person must look
-    )
-
-    def is_fine(self) -> bool:
-        """A check may end on this verdict without a person being told (the flow run ends Completed)."""
-        return self in _FINE
-
-    def needs_recovery(self) -> bool:
-        """`check --recover` hands the run to recover-training; every other verdict leaves the host as it is."""
-        return self in _NEEDS_RECOVERY
-
-
-_FINE = frozenset({Verdict.HEALTHY, Verdict.STARTING, Verdict.FINISHED, Verdict.STOPPED})
-_NEEDS_RECOVERY = frozenset({Verdict.CRASHED, Verdict.STALLED, Verdict.DEGRADED, Verdict.DIVERGED, Verdict.UNKNOWN})
-
-
-class Cause(str, Enum):
-    FX_TRACING_RACE = "fx_tracing_race"  # a thread FX-traced while others called a compiled function
-    MISSING_DEPENDENCY = "missing_dependency"  # an import failed or a library asked to `pip install` X
-    CUDA_OOM = "cuda_oom"  # torch.OutOfMemoryError / CUDA out of memory on a GPU
-    HOST_OOM_KILLED = "host_oom_killed"  # the kernel's OOM killer took the process (exit 137 + kernel line)
-    DISTRIBUTED_FAILURE = "distributed_failure"  # a collective or rendezvous failed or timed out (NCCL, gloo, c10d, TCPStore, torchrun)
-    COMPILE_ERROR = "compile_error"  # torch.compile / inductor failed to build a kernel
-    KILLED = "killed"  # ended by a signal from outside (SIGTERM, SIGKILL) with no traceback
-    GPU_FAULT = "gpu_fault"  # a GPU failed: kernel Xid, fallen off the bus, uncorrectable ECC, missing from nvidia-smi
-    DISK_FULL = "disk_full"  # no space left: Errno 28, torch.save's write failure, or the poll's free space below the minimum
-    NATIVE_CRASH = "native_crash"  # died of its own SIGSEGV/SIGBUS/SIGABRT/SIGILL/SIGFPE, a fatal Python error, a DataLoader worker's signal  # (a DataLoader worker the kernel's OOM killer took is host_oom_killed: the kernel line names the worker's PID)
-    BROKEN_CHECKPOINT = "broken_checkpoint"  # died loading the checkpoint it was given: the file is damaged (truncated, corrupt archive)
-    CHECKPOINT_INCOMPATIBLE = "checkpoint_incompatible"  # an intact checkpoint this torch or this code refuses: weights_only unpickling, state_dict keys or shapes
-    CORRUPT_CACHE = "corrupt_cache"  # a damaged compile-cache entry the trainer loads and dies on (inductor's cached module, Triton's)
-    SILENT_EXIT = "silent_exit"  # gone with no exit code, no traceback, no kernel line
-    ERROR = "error"  # any other exception; the exception line says which
-    NOT_A_TRAINER = "not_a_trainer"  # the target's session holds a program that is not a training run (no log it writes)
-    TWO_TRAINERS = "two_trainers"  # relaunch's trainer lives outside the session while another run holds the session
-
-    def is_infrastructure(self) -> bool:
-        """The machine or its surroundings failed, not the training code: a return of it never uses up the restart
-        budget across nights (relaunch/history.py), as SkyPilot keeps preemptions apart from `max_restarts_on_errors`."""
-        return self in _INFRASTRUCTURE
-
-
-# killed: a SIGTERM/SIGKILL from outside is a preemption or an operator. silent_exit: gone with no exit code and no
-# trace, which is what a host reboot or a lost container leaves (the supervisor that records the exit died too).
-# gpu_fault: the GPU ledger keeps it (a ledgered GPU is never given back), not the code budget. disk_full: the cure is
-# free space, which no code change brings; the playbook escalates it while the disk stays full. Not here: distributed_failure
-# and the OOMs, which the trainer's own code or configuration causes as often as the fabric does, so they count.
-# corrupt_cache: a cache cut short by a full disk or a kill mid-write; the code is not at fault. checkpoint_incompatible
-# is drift or a code change, and counts.
-_INFRASTRUCTURE = frozenset({Cause.KILLED, Cause.SILENT_EXIT, Cause.GPU_FAULT, Cause.DISK_FULL, Cause.CORRUPT_CACHE})
-
+from relaunch.vocabulary import Cause
 
 # The DataLoader's word that a worker died (`DataLoader worker (pid 123) is killed by signal: Killed.`, `DataLoader worker
 # (pid(s) 123) exited unexpectedly`): a native crash, unless the kernel's OOM killer names that PID (then host_oom_killed;
