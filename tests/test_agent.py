@@ -234,7 +234,7 @@ def test_an_idle_agent_stops_and_removes_its_socket(tmp_path):
     sock = folder / "k.sock"
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "relaunch.cli.agent", "serve", str(sock), "0.5", str(write_fd)],
+        [sys.executable, "-m", "relaunch.cli.agent_server", "serve", str(sock), "0.5", str(write_fd)],
         pass_fds=(write_fd,),
         stderr=subprocess.PIPE,
         text=True,

@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 import typer.main
 
-from relaunch.cli.app import Scenario, app
+from relaunch.cli.app import app
+from relaunch.cli.demo import Scenario
 from relaunch.demo.scenarios import SCENARIOS
 from relaunch.tasks.launch import launch
 from tests.faults import cli_env, wait_for, write_target

@@ -277,7 +277,7 @@ def test_agent_stop_ends_this_installs_agent_and_leaves_another_installs_running
 def test_a_retried_relaunch_error_that_prefect_logs_on_the_terminal_carries_no_traceback_and_an_unexpected_one_does(capfd):
     import logging
 
-    from relaunch.cli.app import untraced
+    from relaunch.cli.root import untraced
 
     # What Prefect's task engine does once a transient error's retries are exhausted: log.error(..., exc_info=True).
     handler = logging.StreamHandler(open(2, "w", closefd=False))  # noqa: SIM115 - the terminal's stderr, kept open

@@ -22,7 +22,7 @@ def main() -> None:
         if code is not None:
             sys.stdout.flush()
             os._exit(code)
-    from relaunch.cli.app import main as in_process
+    from relaunch.cli.startup import main as in_process
 
     in_process()
 

@@ -82,9 +82,17 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# The commands that run Prefect flows; the others (diagnose, rollback-venv, --help) never need a server.
-# `gpus` runs no flow, but reads and writes the GPU ledger on the API all the same.
-FLOW_COMMANDS = frozenset({"check", "recover", "demo", "fleet", "gpus"})
+# The commands that run Prefect flows, each with the flow modules it imports (relaunch/cli/startup.py imports them
+# before the command runs, an agent all of them at its start); the others (diagnose, rollback-venv, --help) never
+# need a server. `gpus` runs no flow, but reads and writes the GPU ledger on the API all the same.
+FLOW_MODULES: dict[str, tuple[str, ...]] = {
+    "check": ("relaunch.flows.check",),
+    "recover": ("relaunch.flows.recover",),
+    "demo": ("relaunch.flows.recover",),
+    "fleet": ("relaunch.flows.fleet",),
+    "gpus": (),
+}
+FLOW_COMMANDS = frozenset(FLOW_MODULES)
 PREFECT_APP = "prefect.server.api.server:create_app"
 # The environment Prefect gives its own temporary server (prefect 3.9.1, SubprocessASGIServer):
 # no UI, and the ephemeral set of background services.
