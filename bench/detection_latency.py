@@ -34,7 +34,7 @@ from relaunch.tasks.launch import launch  # noqa: E402
 from relaunch.tasks.rebuild_venv import rebuild_venv  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
 from relaunch.tasks.warm_cache import warm_cache  # noqa: E402
-from relaunch.verdicts import Verdict  # noqa: E402
+from relaunch.vocabulary import Verdict  # noqa: E402
 
 
 def trial(target, mode: str, rng: random.Random) -> dict:

@@ -140,7 +140,7 @@ def launch_all(targets) -> None:
 def measure(targets, max_concurrent: int, connections: str | None = None) -> dict:
     from relaunch.flows.fleet import check_fleet
     from relaunch.transport import close_all
-    from relaunch.verdicts import Verdict
+    from relaunch.vocabulary import Verdict
 
     if connections == "new":
         close_all()

@@ -36,9 +36,8 @@ from relaunch.demo.target import resolve_device  # noqa: E402
 from relaunch.flows.outcome import report_of  # noqa: E402
 from relaunch.flows.recover import recover_training  # noqa: E402
 from relaunch.report import Report  # noqa: E402
-from relaunch.steps import Step  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
-from relaunch.verdicts import Verdict  # noqa: E402
+from relaunch.vocabulary import Step, Verdict  # noqa: E402
 
 FIRST_STEP = re.compile(r"first step in [\d.]+ s, (?P<process>[\d.]+) s after the process started")
 PHASES = {

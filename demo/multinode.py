@@ -33,7 +33,7 @@ from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import plan_stop
 from relaunch.transport import close_all, run, transport_for
-from relaunch.verdicts import Verdict
+from relaunch.vocabulary import Verdict
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 MULTIRANK = Path(__file__).resolve().parent / "trainer" / "multirank.py"

@@ -22,7 +22,7 @@ from relaunch.tasks.rebuild_venv import plan_create
 from relaunch.tasks.stop import plan_stop
 from relaunch.tasks.warm_cache import plan_warm
 from relaunch.transport import local_env, run, transport_for
-from relaunch.verdicts import Cause, Verdict
+from relaunch.vocabulary import Cause, Verdict
 
 SLOW_HACK = ("USE_COMPILE = True", "USE_COMPILE = False  # HACK: FX check patched away, runs uncompiled")
 DEBUG_HACK = ("def loss_and_accuracy(", "# HACK: debugging print left in\ndef loss_and_accuracy(")

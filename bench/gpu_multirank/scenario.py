@@ -35,10 +35,9 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["PATH"] = f"{os.environ['PATH']}{os.pathsep}{Path(sys.executable).parent}"
 
 from relaunch.flows.recover import recover_training  # noqa: E402
-from relaunch.playbook import Action  # noqa: E402
 from relaunch.report import Report  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
-from relaunch.verdicts import Cause, Verdict  # noqa: E402
+from relaunch.vocabulary import Action, Cause, Verdict  # noqa: E402
 from tests.faults import reap, wait_for  # noqa: E402
 from tests.targets import current, runs, shell_target, wait_for_exit  # noqa: E402
 from tests.test_multirank import (  # noqa: E402
