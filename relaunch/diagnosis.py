@@ -576,6 +576,20 @@ def _gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0)
         # judged as a death without an exit code (its log's failure, else silent_exit), the wrapper named.
         gone = _gone(snap.model_copy(update={"exit_code": None, "exit_masked": None}), metrics, min_free_disk_gb)
         return gone.model_copy(update={"evidence": [*gone.evidence, f"the launch command exited 0, but {snap.exit_masked}"]})
+    if code == 0 and snap.survivors:
+        # Exit 0 while processes of this very run live on: the launch command put its trainer in the background (or a
+        # daemon of it outlives it). Not finished, and no second trainer beside it: a person decides.
+        return Diagnosis(
+            verdict=Verdict.UNMANAGED,
+            summary=f"the launch command exited 0 but its run lives on ({_stray_name(snap.survivors[0])}): nothing stopped or launched",
+            evidence=[
+                *[f"alive, of this run: {_stray_name(line)}" for line in snap.survivors],
+                "a launch command that backgrounds its trainer (`&`, nohup, a daemon) leaves relaunch no exit to judge: "
+                "launch the trainer in the foreground; until then end it yourself and `relaunch recover TARGET`",
+                *_last_lines(snap, 2),
+            ],
+            metrics=metrics,
+        )
     if code == 0:
         return Diagnosis(verdict=Verdict.FINISHED, summary="the trainer exited 0", evidence=_last_lines(snap, 3), metrics=metrics)
     cause = classify_failure([*snap.log_matches, *snap.log_tail])

@@ -104,6 +104,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         "stacks": [],
         "journal": [],
         "strays": [],
+        "survivors": [],
         "own_log_tail": [],
         "gpu_apps": [],
     }
@@ -166,6 +167,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         journal=journal,
         journal_steps=journal_steps,
         strays=[line.strip() for line in sections["strays"] if line.strip()],
+        survivors=[line.strip() for line in sections["survivors"] if line.strip()],
         own_log=fields.get("own_log") or None,
         gpu_apps=parse_gpu_apps(sections["gpu_apps"]),
         own_log_tail=clean_lines("\n".join(sections["own_log_tail"]))[-TAIL_LINES:],

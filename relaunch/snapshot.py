@@ -139,6 +139,10 @@ class HealthSnapshot(BaseModel):
         description="`PID HOW COMMAND` of this target's trainers relaunch has no record of, found with no live trainer on "
         "record (HOW: `marker`, its RELAUNCH_TARGET; `program`, the launch command's program running in repo_dir).",
     )
+    survivors: list[str] = Field(
+        default_factory=list,
+        description="`PID COMMAND` of the current run's own processes (its marker) alive after its recorded trainer ended.",
+    )
     unfinished_steps: list[str] = Field(
         default_factory=list, description="Steps a killed recovery left half done (their markers are still on the host)."
     )

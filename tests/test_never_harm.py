@@ -420,6 +420,21 @@ def backgrounded_alive(tmp: Path, **_: object) -> Scene:
     return Scene(t, live, [bg], set(Verdict) - {Verdict.FINISHED}, stop_ends=live, sessions=[t.tmux_session], folders=[tmp])
 
 
+def backgrounded_unseen_at_its_exit(tmp: Path, **_: object) -> Scene:
+    """The same, where the backgrounded trainer's marker could not be read as the command exited (a process in the
+    middle of its exec shows no environment; a loaded host makes that long): the supervisor records exit 0, and the
+    run's marked trainer lives on. Still not `finished`, and never a second one."""
+    late = f"sleep 1.5; RELAUNCH_RUN=$MARK exec bash {STEPPER}"
+    command = f'env -u RELAUNCH_RUN MARK="$RELAUNCH_RUN" bash -c {shlex.quote(late)} > bg.log 2>&1 &'
+    t = new_target(tmp / "t", launch_command=command, thresholds=thresholds(settle_timeout_seconds=4))
+    launch.fn(t, 1)
+    bg = Path(t.repo_dir) / "bg.log"
+    wait_for_steps(bg, 4)
+    live = trainers(t.repo_dir, STEPPER)
+    assert (run_folder(t) / "exit_code").read_text().strip() == "0", "the shape: the command's 0 was recorded"
+    return Scene(t, live, [bg], set(Verdict) - {Verdict.FINISHED}, stop_ends=live, sessions=[t.tmux_session], folders=[tmp])
+
+
 SHAPES: dict[str, Callable[..., Scene]] = {
     "incident_tee_elsewhere": incident,
     "stdout_redirect_elsewhere": stdout_redirect,
@@ -434,6 +449,7 @@ SHAPES: dict[str, Callable[..., Scene]] = {
     "shared_state_dir_command_on_the_other_target": shared_state_dir,
     "backgrounded_trainer_alive": backgrounded_alive,
     "backgrounded_trainer_killed": backgrounded_then_killed,
+    "backgrounded_trainer_unseen_at_its_exit": backgrounded_unseen_at_its_exit,
 }
 
 

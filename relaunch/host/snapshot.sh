@@ -238,7 +238,17 @@ fi
 if ! alive "$pid" "$pstart"; then
   declare -A own=()
   if [ -n "$run_id" ]; then
-    while read -r p; do own[$p]=1; done < <(marked_pids "$run")
+    # The current run's own processes alive after its recorded trainer ended (they carry its marker): a launch command
+    # that backgrounded its trainer (`nohup python train.py &`) exited 0 while that trainer trains on.
+    survivors=()
+    while read -r p; do
+      own[$p]=1
+      [ "$p" != "$$" ] && survivors+=("$p")
+    done < <(marked_pids "$run")
+    if [ ${#survivors[@]} -gt 0 ]; then
+      echo "$M survivors"
+      for p in "${survivors[@]:0:16}"; do cmdline_into c "$p" && echo "$p ${c:0:300}"; done
+    fi
     { while read -r p; do own[$p]=1; done < "$run/tree"; } 2> /dev/null
   fi
   strays=()

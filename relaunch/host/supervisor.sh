@@ -131,6 +131,15 @@ wait "$watcher" 2> /dev/null
 # its code is recorded, and what it left (ranks in sessions of their own) is the stop's to end, by the marker.
 first=$(< "$run_dir/pid") marked=() follow=''
 [ "$code" -lt 128 ] && mapfile -t marked < <(marked_pids "$run_dir") && follow=$(oldest_pid "${marked[@]}")
+# A child in the middle of its exec (`nohup` becoming python) shows no environment for a moment (a loaded host makes
+# that moment long): a 0 with nothing marked is looked at again for half a second before it is the trainer's own.
+if [ "$code" = 0 ] && [ -z "$follow" ]; then
+  now_us t; end=$(( t + 500000 ))
+  while [ -z "$follow" ] && now_us t && [ "$t" -lt "$end" ]; do
+    nap 0.05
+    mapfile -t marked < <(marked_pids "$run_dir"); follow=$(oldest_pid "${marked[@]}")
+  done
+fi
 [ -n "$follow" ] && record_pid "$follow" "$run_dir/pid"
 # A command that exited 0 and left marked processes behind backgrounded its trainer, however soon that died: 0 is
 # the launcher's code, not the trainer's, and a `finished` for a trainer that died is the lie judging must not tell.
