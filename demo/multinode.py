@@ -129,8 +129,20 @@ def _requirements() -> str | None:
     return None
 
 
+# The signals the demo got: Python drops a KeyboardInterrupt raised inside a weakref callback or a __del__ ("Exception
+# ignored in ..."), so a Ctrl-C that landed there is acted on at the demo's next step all the same.
+SIGNALLED: list[int] = []
+
+
 def _terminate(signum: int, _frame: FrameType | None) -> None:
+    SIGNALLED.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _unless_interrupted() -> None:
+    """Go on only if no Ctrl-C or SIGTERM came, even one whose KeyboardInterrupt Python swallowed."""
+    if SIGNALLED:
+        raise KeyboardInterrupt(f"signal {SIGNALLED[0]}")
 
 
 @contextmanager
@@ -146,7 +158,8 @@ def broken_gang(work: Path) -> Iterator[Target]:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    previous = signal.signal(signal.SIGTERM, _terminate)  # SIGTERM cleans up as Ctrl-C does
+    SIGNALLED.clear()
+    previous = {sig: signal.signal(sig, _terminate) for sig in (signal.SIGINT, signal.SIGTERM)}  # SIGTERM as Ctrl-C
     close_all()
     try:
         with fleet_of_hosts(2, work / "hosts", lan=True) as fleet:
@@ -156,19 +169,22 @@ def broken_gang(work: Path) -> Iterator[Target]:
                 spaces = ", ".join(f"{h.netns} ({n.host.label})" for h, n in zip(fleet.net.hosts, nodes, strict=True))
                 say(f"two hosts in network namespaces: {spaces}; their own network for gloo")
                 _launch(target)
+                _unless_interrupted()
                 victim = rank_pids(nodes[1])
                 say(f"killing the rank on node 1 (pid {victim[0]}) with SIGKILL")
                 os.kill(victim[0], signal.SIGKILL)
                 deadline = time.monotonic() + 60
                 while collect_snapshot(nodes[1], wait_seconds=1).exit_code is None and time.monotonic() < deadline:
-                    pass
+                    _unless_interrupted()
+                _unless_interrupted()
                 yield target
             finally:
                 for node in node_targets(target):
                     run(transport_for(node.host), plan_stop(node, 10, deliberate=True), check=False)
                 close_all()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _launch(target: Target) -> None:
