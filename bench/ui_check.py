@@ -290,7 +290,7 @@ class Page:
         return [phrase for phrase in self.expect if phrase not in self.text]
 
 
-def look(browser: str, page: Page, out: Path | None, work: Path, tries: int = 2) -> Page:
+def look(browser: str, page: Page, out: Path | None, work: Path, tries: int = 3) -> Page:
     """Render the page once for its DOM and, when `out` is given, its screenshot (one Chromium does both);
     once more, with twice the virtual time, when an expected phrase is missing (a slow fetch on a loaded host)."""
     start = time.monotonic()

@@ -457,7 +457,12 @@ def diagnose(
             verdict=Verdict.UNKNOWN, summary="no trainer on record", evidence=["no launch recorded and no tmux session"], metrics=metrics
         )
     if snap.exit_code is not None or not snap.pid_alive:
-        return _gpu_fault(snap, thresholds, metrics, gpu_indexes) or _gone(snap, metrics, min_free_disk_gb)
+        gone = _gpu_fault(snap, thresholds, metrics, gpu_indexes) or _gone(snap, metrics, min_free_disk_gb)
+        if snap.exit_code is None and snap.supervisor_alive and not snap.adopted:
+            # The supervisor records the exit code once the log writer drained (seconds on a loaded host): a death
+            # without one is not yet a death without a trace. Looked at again, never acted on meanwhile.
+            return gone.model_copy(update={"watching": "the supervisor recording the trainer's exit code"})
+        return gone
     return _alive(snap, thresholds, progress, metrics, gpu_indexes)
 
 
@@ -501,7 +506,7 @@ def _unmanaged_or_stopped(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis |
         ]
         summary = f"a trainer of this target runs without a record ({_stray_name(snap.strays[0])}): nothing stopped or launched"
         return Diagnosis(verdict=Verdict.UNMANAGED, summary=summary, evidence=evidence, metrics=metrics)
-    if snap.stopped_at is not None and not snap.pid_alive:
+    if snap.stopped_at is not None and not snap.pid_alive and not _died_before_its_session_ended(snap):
         when = datetime.fromtimestamp(snap.stopped_at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         how = snap.stopped_how or "`relaunch stop`"
         return Diagnosis(
@@ -511,6 +516,15 @@ def _unmanaged_or_stopped(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis |
             metrics=metrics,
         )
     return None
+
+
+def _died_before_its_session_ended(snap: HealthSnapshot) -> bool:
+    """The session ended (a hangup recorded as a deliberate stop) after the trainer's exit was recorded: the session
+    ending did not stop it, its death did; the exit record wins. A person's `relaunch stop` is recorded after the
+    trainer it ended: that stop stands whatever the exit's time."""
+    return bool(
+        snap.stopped_how and snap.exit_at_epoch is not None and snap.stopped_at is not None and snap.exit_at_epoch < snap.stopped_at
+    )
 
 
 def _stray_name(line: str) -> str:

@@ -135,6 +135,8 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         pid_alive=fields.get("pid_alive") == "1",
         exit_code=number_or_none(fields.get("exit_code"), int),
         exit_masked=fields.get("exit_masked") or None,
+        exit_at_epoch=number_or_none(fields.get("exit_at"), float),
+        supervisor_alive=fields.get("supervisor_alive") == "1",
         seconds_since_launch=(now - started) if now is not None and started is not None else None,
         seconds_since_log_write=max(0.0, now - mtime) if now is not None and mtime is not None else None,
         log_size_bytes=number_or_none(fields.get("log_size"), int) or 0,

@@ -66,6 +66,10 @@ class HealthSnapshot(BaseModel):
     pid: int | None = Field(None, description="Recorded trainer PID.")
     pid_alive: bool = Field(False, description="The recorded PID is alive with its recorded start time.")
     exit_code: int | None = Field(None, description="Written by the launcher when the trainer exited.")
+    exit_at_epoch: float | None = Field(None, description="When the exit code was recorded (RUN/exit_code's mtime, host clock).")
+    supervisor_alive: bool = Field(
+        False, description="The run's supervisor (which records the trainer's exit code once its log writer drained) still lives."
+    )
     exit_masked: str | None = Field(
         None,
         description="Why an exit_code of 0 is not the trainer's: the launch command is a wrapper script whose trainer "

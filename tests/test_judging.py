@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from relaunch.config import Thresholds
 from relaunch.diagnosis import Progress, advance, diagnose, read_log
 from relaunch.gpufaults import parse_gpu_health
@@ -274,3 +277,42 @@ def test_an_adopted_run_that_died_silently_is_a_silent_exit_whose_exit_code_cann
     assert d.cause is Cause.SILENT_EXIT
     assert "no exit code: an adopted run's exit code cannot be known (relaunch did not start it)" in d.evidence
     assert diagnose(gone(lines(LOGS / "cpu/generic_error.log"), None, adopted=True), T).cause is Cause.ERROR
+
+
+# ---- the exit record and the session's end: which came first decides -------------------------------------------
+
+DEATHS = [
+    (LOGS / "gpu/fx_race_cuda.log", 1, Cause.FX_TRACING_RACE),
+    (LOGS / "cpu/generic_error.log", 1, Cause.ERROR),
+    (LOGS / "cpu/sigkill.log", 137, Cause.KILLED),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(death=st.sampled_from(DEATHS), exited_at=st.floats(1e9, 2e9), gap=st.floats(0.001, 3600.0))
+def test_a_session_that_ends_after_its_trainer_died_is_the_death_not_a_deliberate_stop(death, exited_at, gap):
+    # The next launch closed the pane, or the tmux server went, while a process of the dead run was on its way out:
+    # the launcher's hangup wrote STATE/stopped after the exit record. The crash must still be recovered.
+    log, code, cause = death
+    how = "tmux session ended (tmux kill-session, kill-server or the tmux server gone)"
+    later = gone(lines(log), code, exit_at_epoch=exited_at, stopped_at=exited_at + gap, stopped_how=how)
+    d = diagnose(later, T)
+    assert (d.verdict, d.cause) == (Verdict.CRASHED, cause), d
+    # A person's kill-session of a live trainer is recorded before the trainer's death: a deliberate stop.
+    before = gone(lines(log), code, exit_at_epoch=exited_at, stopped_at=exited_at - gap, stopped_how=how)
+    assert diagnose(before, T).verdict is Verdict.STOPPED
+    # `relaunch stop` records its stop once the trainer is gone, always after the exit: that stop stands.
+    asked = gone(lines(log), code, exit_at_epoch=exited_at, stopped_at=exited_at + gap)
+    assert diagnose(asked, T).verdict is Verdict.STOPPED
+
+
+@settings(max_examples=30, deadline=None)
+@given(death=st.sampled_from(DEATHS))
+def test_a_dead_trainer_whose_exit_code_the_supervisor_is_still_recording_is_watched_not_judged_a_silent_exit(death):
+    log, _, _ = death
+    recording = diagnose(gone(lines(log), None, supervisor_alive=True), T)
+    assert not recording.settled and recording.watching == "the supervisor recording the trainer's exit code"
+    # Once the supervisor is gone without writing one (SIGKILLed with its group), the death without a code is judged.
+    assert diagnose(gone(lines(log), None, supervisor_alive=False), T).settled
+    # An adopted run has no supervisor of relaunch's to wait for.
+    assert diagnose(gone(lines(log), None, supervisor_alive=True, adopted=True), T).settled

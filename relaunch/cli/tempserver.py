@@ -78,7 +78,7 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -448,7 +448,7 @@ def start(environ: MutableMapping[str, str]) -> TempServer | None:
         os.close(status_w)
     server = TempServer(process, f"http://127.0.0.1:{port}/api", lifeline_w)
     try:
-        go = _await_decision(status_r, process)
+        go = _await_decision(status_r, process, server_log_path(environ))
     except BaseException:
         server.stop()
         raise
@@ -468,25 +468,50 @@ def _listen() -> socket.socket:
     return listener
 
 
+def server_log_path(environ: Mapping[str, str]) -> Path:
+    """Where the temporary server's own output goes: its services' errors (an event flush that failed as the CLI
+    exited, with its traceback) are the server's business, not the terminal's. PREFECT_HOME, else ~/.prefect."""
+    home = Path(environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    return home / "relaunch-temporary-server.log"
+
+
 def _spawn(environ: MutableMapping[str, str], listener: socket.socket, lifeline_r: int, status_w: int) -> subprocess.Popen[bytes]:
     fds = (listener.fileno(), lifeline_r, status_w)
     args = ["--parent", str(os.getpid()), "--socket-fd", str(fds[0]), "--lifeline-fd", str(fds[1]), "--status-fd", str(fds[2]), PREFECT_APP]
-    # Same process group as the CLI, as with Prefect's own server: a Ctrl-C reaches both.
-    return subprocess.Popen(
-        [sys.executable, "-m", "relaunch.cli.tempserver", *args], env={**environ, **SERVER_ENV}, stdin=subprocess.DEVNULL, pass_fds=fds
-    )
+    log = server_log_path(environ)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    # Same process group as the CLI, as with Prefect's own server: a Ctrl-C reaches both. Its output is appended to
+    # its log (each start begins it anew), which a start-up failure quotes.
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "relaunch.cli.tempserver", *args],
+            env={**environ, **SERVER_ENV},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=fds,
+        )
 
 
-def _await_decision(status_r: int, process: subprocess.Popen[bytes]) -> bool:
+def _log_tail(log: Path, lines: int = 15) -> str:
+    """The server log's last lines, for an error that says why it did not start."""
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n".join(["", f"its output ({log}), last lines:", *tail]) if tail else ""
+
+
+def _await_decision(status_r: int, process: subprocess.Popen[bytes], log: Path) -> bool:
     ready, _, _ = select.select([status_r], [], [], DECISION_TIMEOUT_SECONDS)
     if not ready:
-        raise TempServerError(f"the server did not answer within {DECISION_TIMEOUT_SECONDS:.0f} s")
+        raise TempServerError(f"the server did not answer within {DECISION_TIMEOUT_SECONDS:.0f} s{_log_tail(log)}")
     if os.read(status_r, 1) == GO:
         return True
     code = process.wait(STOP_GRACE_SECONDS)  # it closed the pipe by exiting
     if code == NOT_WANTED:
         return False
-    raise TempServerError(f"the server exited with code {code}")
+    raise TempServerError(f"the server exited with code {code}{_log_tail(log)}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -73,6 +73,9 @@ if [ -n "$cur" ] && tmux has-session -t "=$session" 2>/dev/null; then
   read_pid "$last/pane" lpane lstart; slurp lid "$last/pane_id"
   if [ -n "$lid" ] && [ "$(tmux list-panes -s -t "=$session" -F '#{pane_pid}' 2>/dev/null)" = "$lpane" ] && alive "$lpane" "$lstart" \
     && ! alive "$pid" "$pstart"; then
+    # Said first, so that the last run's launcher takes the hangup for what it is, not for a person ending the session:
+    # a process of that run still on its way out (RUN/pid names it for a moment) is no trainer to stop.
+    : > "$last/pane_closed_by_launch"
     tmux kill-pane -t "$lid" 2>/dev/null
     end=$(( SECONDS + 5 ))
     while tmux has-session -t "=$session" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do nap 0.01; done

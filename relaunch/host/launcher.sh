@@ -17,6 +17,8 @@ touch -- "$log"
 hung_up() {
   local pid='' pstart='' spid='' sstart='' us p
   trap '' HUP TERM
+  # The next launch closed this pane (its trainer gone): nothing was stopped.
+  [ -e "$run/pane_closed_by_launch" ] && exit 0
   read_pid "$run/pid" pid pstart
   if alive "$pid" "$pstart"; then
     now_us us

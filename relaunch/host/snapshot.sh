@@ -161,6 +161,10 @@ echo "$M session $session_up"
 echo "$M pid $pid"
 echo "$M pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
 echo "$M exit_code $exit_code"
+# When the exit was recorded (host clock): a session ended after the trainer died did not stop it (its exit wins).
+[ -n "$exit_code" ] && echo "$M exit_at $(stat -c %.9Y -- "$run/exit_code" 2> /dev/null)"
+# The supervisor writes the exit code: while it lives, a dead trainer without one is still being recorded.
+echo "$M supervisor_alive $(alive "$spid" "$sstart" && echo 1 || echo 0)"
 echo "$M started_at $started"
 echo "$M checkpoint $checkpoint"
 # The GPUs the current run was launched on: its spec's CUDA_VISIBLE_DEVICES ("-": none set), which a recovery may have
