@@ -171,6 +171,7 @@ def _exit_now(code: object) -> None:
     else:
         print(code, file=sys.stderr)
         status = 1
+    _drain_prefect()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -178,3 +179,18 @@ def _exit_now(code: object) -> None:
         except (OSError, ValueError):
             pass  # a closed pipe or stream: nothing more can reach it
     os._exit(status)
+
+
+def _drain_prefect(timeout_seconds: float = 10.0) -> None:
+    """Send what Prefect's log and event workers still hold, while the temporary server answers.
+
+    They flush from threading's exit hooks, which run before atexit's at a normal exit and not at all before
+    `os._exit`: without this, the server's atexit stop came first and each queued batch failed on the terminal
+    ("--- Error logging to API --- All connection attempts failed")."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=timeout_seconds)
