@@ -56,6 +56,38 @@ LONGEST: dict[str, float] = {
 }
 
 
+# `make test-long`'s share, beside the tests marked `long` where they are defined (the demo scenarios, the demo over SSH,
+# the serve-demo deployment): the end-to-end runs of a whole control plane or of a whole demo, each minutes of CPU on
+# 2 cores (a Prefect server with its UI, PostgreSQL and Redis, a worker installing the wheel, make serve in a terminal,
+# Chromium). What each exercises, the quick suite exercises in its parts; CI (.ci/run) runs both. A key is a test's id
+# or a whole file.
+LONG: dict[str, str] = {
+    "tests/test_cli.py::test_the_demo_writes_its_target_file_and_says_how_to_check_it": "`relaunch demo` as typed, whole",
+    "tests/test_deployments.py": "prefect.yaml's deployments on `make serve`'s server and worker",
+    "tests/test_deploy.py": "`relaunch deploy` to a worker that has only the wheel",
+    "tests/test_scale_concurrency.py": "the scale-out engine: PostgreSQL, Redis, an authenticated server, two workers",
+    "tests/test_scale_demo.py": "`make scale-demo` as typed",
+    "tests/test_serve_terminal.py": "`make serve` in a real terminal, Ctrl-C",
+    "tests/test_ui.py": "the Prefect UI in headless Chromium",
+    "tests/test_gang_demo.py": "`relaunch demo --scenario multi-node` as typed",
+    "tests/test_wheel.py": "the built wheel installed into a fresh venv",
+}
+
+
+class _LongMarks:
+    """A plugin of its own: a conftest holds one function per hook name, and the dealing below must run last."""
+
+    @pytest.hookimpl(tryfirst=True)  # before -m deselects
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            if item.nodeid in LONG or item.nodeid.split("::", 1)[0] in LONG:
+                item.add_marker(pytest.mark.long)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_LongMarks(), "relaunch-long-marks")
+
+
 def _unit(item: pytest.Item) -> str | None:
     """The LONGEST key an item belongs to: its own id, or its file's."""
     if item.nodeid in LONGEST:

@@ -20,12 +20,13 @@ hung_up() {
   # The next launch closed this pane (its trainer gone): nothing was stopped.
   [ -e "$run/pane_closed_by_launch" ] && exit 0
   read_pid "$run/pid" pid pstart
-  if alive "$pid" "$pstart"; then
+  # A trainer already dying (SIGKILLed with its group a moment before the session was ended) was not stopped by it.
+  if alive "$pid" "$pstart" && ! dying "$pid"; then
     now_us us
     printf '%d.%06d\n' "$((us / 1000000))" "$((us % 1000000))" > "$state/stopped.tmp" && mv -f "$state/stopped.tmp" "$state/stopped"
     printf 'tmux session ended (tmux kill-session, kill-server or the tmux server gone)\n' > "$state/stopped_how"
-    { printf '[relaunch] %s: the tmux session was ended: SIGHUP to its trainer, recorded as a deliberate stop\n' \
-      "$(date -u +%FT%TZ)" >> "$log"; } 2> /dev/null
+    { printf '[relaunch] %s: the tmux session was ended: SIGHUP to its trainer (PID %s: %s), recorded as a deliberate stop\n' \
+      "$(date -u +%FT%TZ)" "$pid" "$(tr '\0' ' ' < "/proc/$pid/cmdline" | cut -c1-120)" >> "$log"; } 2> /dev/null
     read_pid "$run/supervisor_pid" spid sstart
     alive "$spid" "$sstart" && kill -HUP -- "-$spid" 2> /dev/null
     for p in $(marked_pids "$run"); do kill -HUP "$p" 2> /dev/null; done

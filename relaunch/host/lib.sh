@@ -25,6 +25,19 @@ run_folder() { printf "%s/runs/%s" "$1" "$2"; }
 starttime_into() { local s f; { s=$(< "/proc/$2/stat"); } 2> /dev/null || return 1; s=${s##*) }; read -ra f <<< "$s"; [ "${f[0]}" != Z ] || return 1; printf -v "$1" '%s' "${f[19]}"; }
 starttime() { local t; starttime_into t "$1" && echo "$t"; }
 alive() { local t; [ -n "$1" ] && [ -n "$2" ] && starttime_into t "$1" && [ "$t" = "$2" ]; }
+# Whether PID is on its way out though it still looks alive: exiting (PF_EXITING, 0x4, in /proc/PID/stat's flags:
+# a SIGKILLed process freeing gigabytes of memory stays there a while) or with a SIGKILL pending (SigPnd/ShdPnd bit 9).
+dying() {
+  local s k v
+  local -a f
+  { s=$(< "/proc/$1/stat"); } 2> /dev/null || return 0
+  s=${s##*) }; read -ra f <<< "$s"
+  [ "${f[0]}" = Z ] || [ "${f[0]}" = X ] || (( f[6] & 4 )) && return 0
+  while read -r k v; do
+    case $k in SigPnd: | ShdPnd:) (( 16#$v & 0x100 )) && return 0 ;; esac
+  done < "/proc/$1/status" 2> /dev/null
+  return 1
+}
 # Sleep SECONDS without a process: a read that times out on a pipe this shell holds both ends of (never ready).
 nap() {
   [ -n "${NAP_FD-}" ] || exec {NAP_FD}<> <(:) || { sleep "$1"; return 0; }
