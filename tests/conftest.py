@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,29 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=60):
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tmux_server_kept() -> Iterator[None]:
+    """One idle session of each test process's own on the shared tmux server, for the session's length.
+
+    tmux exits when its last session ends, and it destroys every session it holds as it exits, also one a client created
+    in that moment: a test's new session, created just as another test's last one ended, was destroyed under its trainer
+    a second after the launch (seen: the trainer hung up, exit 129, recorded as a deliberate stop, while no tmux command
+    had named its session; the server's PID changed at that moment). Kept alive, the server never exits between tests.
+    Tests that end a tmux server start their own (TMUX_TMPDIR)."""
+    if shutil.which("tmux") is None:
+        yield
+        return
+    name = f"relaunch-tests-keeper-{os.getpid()}"
+    # No marker, no trainer's environment: a stop or a launch guard never sees it as a target's.
+    # In /, not in a repo_dir: no launch guard takes its `sleep` for a program running in a target's repository.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAUNCH_") and k not in ("TMUX", "TMUX_PANE")}
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-c", "/", "sleep", "infinity"], env=env, cwd="/", capture_output=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", f"={name}"], env=env, capture_output=True)
 
 
 # The longest tests, as `make test`'s --durations measured them (seconds in the suite, 2 cores, -n 4, 2026-12-02, 830 tests). Collected
@@ -71,6 +97,13 @@ LONG: dict[str, str] = {
     "tests/test_ui.py": "the Prefect UI in headless Chromium",
     "tests/test_gang_demo.py": "`relaunch demo --scenario multi-node` as typed",
     "tests/test_wheel.py": "the built wheel installed into a fresh venv",
+    "tests/test_gang.py": "a two-host gang in network namespaces, torchrun across them",
+    "tests/test_multirank.py": "torchrun's ranks killed, hung and left running, on real processes",
+    "tests/test_notifications.py": "a Prefect server's automations and the nightly deployment's schedule",
+    "tests/test_temp_server.py": "the CLI's temporary Prefect server started, killed and refused, a server each",
+    "tests/test_never_harm_gaps.py::test_the_rows_that_write_the_kernel_log_fail_under_ci_where_dev_kmsg_is_not_writable_and_skip_elsewhere": (
+        "two never-harm rows again in a pytest of their own, in a mount namespace"
+    ),
 }
 
 
