@@ -79,6 +79,13 @@ if [ -n "$cur" ] && tmux has-session -t "=$session" 2>/dev/null; then
     tmux kill-pane -t "$lid" 2>/dev/null
     end=$(( SECONDS + 5 ))
     while tmux has-session -t "=$session" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do nap 0.01; done
+    # That may have been the server's last session: tmux then exits, and destroys as it goes a session created in that
+    # moment (the new trainer would be hung up a second after its start). Wait until it has gone or holds sessions.
+    while [ "$SECONDS" -lt "$end" ]; do
+      seen=$(tmux list-sessions -F . 2>&1) && [ -n "$seen" ] && break
+      case $seen in *"no server running"* | *"error connecting"*) break ;; esac
+      nap 0.01
+    done
   fi
 fi
 if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
