@@ -52,9 +52,9 @@ lint: setup system-test
 	cd relaunch/host && shellcheck -x -s bash *.sh
 
 # Four workers on two cores: most tests wait on processes, servers and sockets rather than compute;
-# worksteal keeps the long tests from ending up in one worker's queue. The long end-to-end demo runs (marked `long`:
-# six demo scenarios, the demo over SSH, the demo deployment; a minute of CPU each) are `make test-long`'s, so that
-# `make test` stays under 15 minutes on 2 cores; CI (.ci/run) runs both.
+# worksteal keeps the long tests from ending up in one worker's queue. The end-to-end runs of a whole demo or control
+# plane (marked `long`: the demo scenarios, and tests/conftest.py's LONG table; minutes of CPU each) are
+# `make test-long`'s, so that `make test` stays under 15 minutes on 2 cores; CI (.ci/run) runs both.
 test: lint
 	$(PY) -m pytest -q -n 4 --dist worksteal -m "not long" --durations=25
 
