@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relaunch import runlayout
+from relaunch.checkpoints import Choice, step_of
 from relaunch.config import Target
 from relaunch.demo.target import GOOD_PINS, Device, base_pins, build_repo, make_target, wheelhouse
 from relaunch.demo.wheels import build_all
@@ -94,7 +95,12 @@ def prepare(scenario: str, work: Path, name: str | None = None, device: Device =
     stale = Path(target.inductor_cache_dir) / "zz"
     stale.mkdir(parents=True)
     (stale / "czzstale.so").write_bytes(b"stale kernel from another torch build\n")
-    BREAKERS.get(scenario, lambda t: None)(target)
+    try:
+        BREAKERS.get(scenario, lambda t: None)(target)
+    except BaseException:
+        # A breaking that failed or was interrupted leaves no trainer of its own behind (it would hold the session).
+        run(transport_for(target.host), plan_stop(target, 20), check=False)  # the failure that matters is raised
+        raise
     return target
 
 
@@ -125,9 +131,9 @@ def _user_venv(target: Target, extra: list[str]) -> None:
         subprocess.run(["uv", "pip", "install", "-q", "--python", f"{target.venv_dir}/bin/python", *flags, *spec], check=True, env=env)
 
 
-def _launch_broken(target: Target) -> None:
+def _launch_broken(target: Target, choice: Choice | None = None) -> None:
     say("launching the broken run")
-    launch.fn(target, 0)
+    launch.fn(target, 0, choice=choice)
 
 
 def _wait_until(target: Target, what: str, done: Callable[[object], bool], timeout_seconds: float = 240) -> None:
@@ -139,8 +145,8 @@ def _wait_until(target: Target, what: str, done: Callable[[object], bool], timeo
     raise SystemExit(f"demo: the broken run never reached '{what}' within {timeout_seconds:.0f} s")
 
 
-def _crash(target: Target) -> None:
-    _launch_broken(target)
+def _crash(target: Target, choice: Choice | None = None) -> None:
+    _launch_broken(target, choice)
     _wait_until(target, "exit", lambda s: s.exit_code is not None)
     say("the broken run died")
 
@@ -178,8 +184,9 @@ def _truncate_newest_checkpoint(target: Target) -> None:
     newest = max(ckpt.glob("step_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
     # What a save cut short leaves: the first part of the archive, without its central directory.
     os.truncate(newest, newest.stat().st_size // 2)
+    # Resumed from by hand, as the incident's run was: relaunch's own launch judges the save cut and never takes it.
     say(f"truncated {newest.name} to half its size; resuming from it")
-    _crash(target)
+    _crash(target, Choice(name=newest.name, step=step_of(newest.name), why="the newest save, taken by hand"))
 
 
 def _damage_warm_cache(target: Target) -> None:
