@@ -15,16 +15,15 @@ from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectNotFound
 
 from relaunch.config import Target
+from relaunch.decide import decide
 from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_ledger
 from relaunch.flows.outcome import conclude, emit, is_fine, tag_flow_run, untagged_tasks
-from relaunch.gang import gang_action, gang_label, gang_run_id, indexed, replacement
+from relaunch.gang import gang_label, gang_run_id, indexed, replacement
 from relaunch.goodput import observe, payload_of
-from relaunch.gpufaults import bus_key
-from relaunch.hardware import gpu_indexes_of
-from relaunch.history import Night, Storm, across_nights, night_of, restart_storm
-from relaunch.ledger import GpuFault, Ledger, gpu_faults, place, target_gpus
-from relaunch.playbook import choose_action, resume_constraints, steps_for
+from relaunch.history import Night, Storm, night_of, restart_storm
+from relaunch.ledger import GpuFault, Ledger
+from relaunch.playbook import resume_constraints, steps_for
 from relaunch.report import Report
 from relaunch.runfiles import new_run_id, utc_stamp
 from relaunch.steps import StepRecord
@@ -321,18 +320,24 @@ def _attempts(
     for number in range(1, target.max_attempts + 2):
         actions_taken = number - 1
         left = target.max_attempts - actions_taken
-        action, why = choose_action(
-            health.diagnosis, history, left, force=force and number == 1, unfinished=health.snapshot.unfinished_steps
+        decision = decide(
+            target,
+            health.diagnosis,
+            health.snapshot,
+            health.nodes,
+            history,
+            attempts_left=left,
+            force=force and number == 1,
+            storm=storm if number == 1 else None,
+            ledger=ledger,
+            faults=faults,
+            running=running,
+            at=datetime.now(UTC),
+            flow_run=night.flow_run if night else "",
         )
-        if health.diagnosis.cause is Cause.GPU_FAULT:
-            found = gpu_faults(health.snapshot, gpu_indexes_of(running, health.snapshot))
-            faults += [f for f in found if all(bus_key(f.bus_id) != bus_key(g.bus_id) for g in faults)]
-            ledger = ledger.with_faults(found, datetime.now(UTC), target.name, night.flow_run if night else "")
-        gpus = target_gpus(gpu_indexes_of(target), target.thresholds.expected_gpus)
-        placement = place(ledger, health.snapshot.gpu_health, gpus, target.spare_gpus, target.min_gpus)
-        action, why = across_nights(action, why, health.diagnosis, storm if number == 1 else None, placement)
-        action, why, members = gang_action(action, why, health.nodes, target)
-        running = on_gpus(target, placement.visible)
+        ledger, action, why, members = decision.ledger, decision.action, decision.why, decision.members
+        faults[:] = decision.faults  # the caller's list: _recover remembers this night's faults however the recovery ends
+        running = on_gpus(target, decision.visible_gpus)
         attempt = attempt_from(number, health, action, why)
         if number == 1 and night is not None:
             night.action = action

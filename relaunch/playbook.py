@@ -27,6 +27,15 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], Remedy] = {
         Action.ESCALATE,
         "the target's session holds what relaunch did not start and cannot judge as a training run: nothing is stopped; a person must look",
     ),
+    (Verdict.UNMANAGED, Cause.TWO_TRAINERS): Remedy(
+        Action.ESCALATE,
+        "two trainers of this target run (relaunch's outside the session, another in it): nothing is stopped; a person "
+        "keeps one (`relaunch stop` stops relaunch's own), then recovers",
+    ),
+    (Verdict.UNMANAGED, Cause.NOT_A_TRAINER): Remedy(
+        Action.ESCALATE,
+        "the target's session holds a program that writes no training log: nothing is stopped; a person must look",
+    ),
     (Verdict.UNKNOWN, None): Remedy(Action.FULL_RECOVERY, "no trainer on record: run the full procedure and launch"),
     (Verdict.DEGRADED, None): Remedy(
         Action.REWARM_AND_RELAUNCH,

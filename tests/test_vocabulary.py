@@ -11,11 +11,11 @@ import pytest
 from flows.recover import OWN_CALLERS, RUNNERS, NoRunner, run_steps
 from relaunch.diagnosis import Diagnosis
 from relaunch.plans import PLANS
-from relaunch.playbook import steps_for
+from relaunch.playbook import PLAYBOOK, steps_for
 from relaunch.snapshot import HealthSnapshot
 from relaunch.steps import StepDetail
 from relaunch.tasks.health import HealthResult
-from relaunch.vocabulary import Action, Category, Step, Verdict
+from relaunch.vocabulary import Action, Category, Cause, Step, Verdict
 from tests.targets import shell_target
 
 
@@ -41,6 +41,12 @@ def test_every_step_an_action_can_plan_has_a_runner_and_none_of_them_has_its_own
     planned = planned_steps()
     assert planned <= set(RUNNERS), planned - set(RUNNERS)
     assert not planned & OWN_CALLERS
+
+
+def test_every_cause_has_its_own_playbook_row_and_every_verdict_a_default():
+    # A cause without a row would take its verdict's default silently: its remedy and its reason for a person unwritten.
+    assert set(Cause) <= {cause for _, cause in PLAYBOOK}, set(Cause) - {cause for _, cause in PLAYBOOK}
+    assert {verdict for verdict, cause in PLAYBOOK if cause is None} == set(Verdict)
 
 
 @pytest.mark.parametrize("step", list(Step))
