@@ -94,7 +94,13 @@ class Report(BaseModel):
             cause = f" ({a.cause.value}{': ' + a.package if a.package else ''})" if a.cause else ""
             lines.append(f"attempt {a.number}: {a.verdict.value}{cause} -> {a.action.value}  {a.summary}")
             lines += [f"    {n.line()}" for n in a.nodes]
-            lines += [f"    {s.step.value:<16} {s.seconds:8.1f} s{_on_node(s)}" for s in a.steps]
+            for s in a.steps:
+                lines.append(f"    {s.step.value:<16} {s.seconds:8.1f} s{_on_node(s)}")
+                # What the markdown report's notes say (the checkpoint resumed from and why, what was skipped, where a
+                # venv was moved aside), at most a few lines a step: the terminal says what the UI says.
+                notes = s.detail.notes()
+                lines += [f"        {note}" for note in notes[:TIMELINE_NOTES]]
+                lines += [f"        (+{len(notes) - TIMELINE_NOTES} more in the report)"] if len(notes) > TIMELINE_NOTES else []
         return lines
 
     def markdown(self) -> str:
@@ -118,6 +124,10 @@ class Report(BaseModel):
             if a.steps:
                 parts.append(_step_table(a.steps))
         return "\n\n".join(p for p in parts if p)
+
+
+# Notes of one step shown in the terminal's timeline; the markdown report has them all.
+TIMELINE_NOTES = 4
 
 
 def _step_table(steps: list[StepRecord]) -> str:

@@ -13,6 +13,11 @@ from pydantic import BaseModel, Field
 from relaunch.vocabulary import Step
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 package`, `3 packages`: a count as a person writes it."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class _Detail(BaseModel):
     def notes(self) -> list[str]:
         """The lines of this step a person reads in the report."""

@@ -51,7 +51,7 @@ from relaunch.plans.rebuild_venv import (  # noqa: F401 - re-exported: callers i
     plan_swap,
 )
 from relaunch.runfiles import utc_stamp
-from relaunch.steps import BuildDetail, RebuildDetail, StepRecord
+from relaunch.steps import BuildDetail, RebuildDetail, StepRecord, counted
 from relaunch.tasks.common import Progress, artifact_key, execute, log, step_task, timed
 from relaunch.tasks.leftovers import stop_earlier_try
 from relaunch.vocabulary import Step
@@ -152,7 +152,7 @@ def build_venv(target: Target, stamp: str) -> StepRecord:
     progress = Progress(artifact_key(target.name, "build-venv"), "building the venv aside")
     with timed() as clock:
         detail = build_aside(target, stamp, progress)
-        progress.update(100, f"venv built aside ({detail.packages} packages); swapped in after the stop")
+        progress.update(100, f"venv built aside ({counted(detail.packages, 'package')}); swapped in after the stop")
     return StepRecord(step=Step.BUILD_VENV, seconds=clock.seconds, detail=detail)
 
 
@@ -180,5 +180,5 @@ def rebuild_venv(target: Target, stamp: str | None = None) -> StepRecord:
         fields = built.model_dump(exclude={"kind", "reused"})
         detail = RebuildDetail(**fields, old_venv=aside.splitlines()[-1] if aside else "none", prepared=prepared)
         detail.pruned = prune(target, plan)
-        progress.update(100, f"venv ready ({detail.packages} packages)")
+        progress.update(100, f"venv ready ({counted(detail.packages, 'package')})")
     return StepRecord(step=Step.REBUILD_VENV, seconds=clock.seconds, detail=detail)
