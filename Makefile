@@ -4,7 +4,7 @@ PY       := $(VENV)/bin/python
 PYTHON   ?= python3
 # The CPU build of torch that pip finds on this class of machine; uv is never asked for torch.
 TORCH    ?= torch==2.13.0
-SCENARIO ?= healthy
+SCENARIO ?= fx-race
 WHEELS   := .cache/wheelhouse
 
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)

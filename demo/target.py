@@ -140,7 +140,14 @@ def resolve_device(asked: str | None) -> Device:
     with warnings.catch_warnings():
         # Imported here only to ask for a GPU: its import-time notes (a missing numpy) are the trainer's business.
         warnings.simplefilter("ignore")
-        import torch
+        try:
+            import torch
+        except ModuleNotFoundError:
+            # relaunch itself runs without torch (a host's orchestration needs none); its demo trains a real model.
+            raise ConfigError(
+                f"the demo trains a real model and needs torch, which {sys.executable} lacks: "
+                "pip install 'relaunch[demo]' (or `make setup` in a clone), then run the demo again"
+            ) from None
 
     if asked is None:
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -33,8 +33,16 @@ class Device(str, Enum):
 
 @app.command()
 def demo(
-    scenario: Scenario = typer.Option(Scenario.HEALTHY, help="The fault to break the demo trainer with (docs/demo.md)."),
+    scenario: Scenario = typer.Option(
+        Scenario.FX_RACE,
+        help="The fault to break the demo trainer with (docs/demo.md). Default: the incident's own, a drifted venv whose "
+        "FX tracing races the compiled drafters; `healthy` breaks nothing a run would die of.",
+    ),
     workdir: Path = typer.Option(Path(".cache/demo"), help="Folder for the demo targets."),
+    name: str | None = typer.Option(
+        None,
+        help="The demo target's name, also its tmux session (default relaunch-demo-SCENARIO): two demos at once, or beside your own runs.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     keep_running: bool = typer.Option(False, help="Leave the recovered trainer running in tmux."),
     device: Device | None = typer.Option(
@@ -62,7 +70,7 @@ def demo(
         exit_for(report)
         return
     with errors(as_json):
-        target = prepare(scenario, workdir.resolve() / scenario, device=resolve_device(device.value if device else None))
+        target = prepare(scenario, workdir.resolve() / scenario, name=name, device=resolve_device(device.value if device else None))
         target_file = _write_target(target, workdir.resolve() / scenario / "target.yaml")
         try:
             report = run_flow(recover_training, as_json, target=target)
