@@ -3,13 +3,13 @@
     .venv/bin/python bench/fleet_checks.py [--sizes 10,25,50] [--max-concurrent 4] [--step-seconds 1]
     .venv/bin/python bench/fleet_checks.py --ssh [--sizes 8,16,32,64] [--max-concurrent 16]   # root: network namespaces
 
-Starts max(sizes) bash trainers (tests/targets.py's stepper, one tmux session each, one shared repo), waits
+Starts max(sizes) bash trainers (relaunch/testing/targets.py's stepper, one tmux session each, one shared repo), waits
 until the youngest has its healthy step lines, then runs check-fleet once per size on the first N targets
 and prints JSON. Uses PREFECT_API_URL when set, else a temporary local server (SQLite). Every trainer it
 started is stopped at the end, by its records. Takes about a minute on a 2-core machine.
 
 With --ssh every target is on a host of its own: a network namespace with its own address and sshd
-(tests/netns.py `fleet_of_hosts`), reached over SSH. Each size is checked twice: `new`, right after every
+(relaunch/testing/netns.py `fleet_of_hosts`), reached over SSH. Each size is checked twice: `new`, right after every
 connection was closed (one handshake per host inside the check), then `reused`, on the connections the
 first round left open, as the checks of a long-lived worker are.
 """
@@ -95,7 +95,7 @@ def log(message: str) -> None:
 
 def ssh_hosts(stack: ExitStack, work: Path, n: int) -> list:
     """n hosts, each in its own network namespace with its own sshd; all removed when the stack closes."""
-    from tests.netns import fleet_of_hosts
+    from relaunch.testing.netns import fleet_of_hosts
 
     fleet = stack.enter_context(fleet_of_hosts(n, work / "hosts"))
     # The checks' own limits, as a fleet deployment would set them; 10 s covers a handshake on a loaded 2-core box.
@@ -103,7 +103,7 @@ def ssh_hosts(stack: ExitStack, work: Path, n: int) -> list:
 
 
 def make_targets(work: Path, n: int, step_seconds: float, hosts: list | None = None):
-    from tests.targets import shell_target
+    from relaunch.testing.targets import shell_target
 
     base = shell_target(work / "shared", name="bench")  # one repo and lock; each target its own logs, state and session
     return [

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 from relaunch.tasks.health import collect_snapshot  # noqa: E402
 from relaunch.tasks.launch import launch  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
-from tests.targets import current_log, shell_target  # noqa: E402
+from relaunch.testing.targets import current_log, shell_target  # noqa: E402
 
 STEP = "step={} loss=3.6441 acc=0.097 lr=3.96e-04 | dft=0.50b/s (20.0Ktok/s) | q_hs=[2]\n"
 

@@ -1,6 +1,6 @@
 """SSH round trips through relaunch's own SSHTransport, against a real OpenSSH server on loopback.
 
-Starts sshd on 127.0.0.1 as the tests do (tests/sshd.py: its own host and user keys, a free port), then times
+Starts sshd on 127.0.0.1 as the tests do (relaunch/testing/sshd.py: its own host and user keys, a free port), then times
 `transport.execute(Command(argv=("true",)))`, which runs `timeout ... bash --noprofile --norc -c true` on the
 host as every relaunch command does:
 
@@ -8,7 +8,7 @@ host as every relaunch command does:
   check, key load and public-key authentication (what the first step or poll of a flow run pays);
 * reused connection: one SSHTransport, many commands over its one connection (what every later step and
   every health poll pays); sshd's log must show exactly one login for the whole series;
-* reused connection through the `pct exec` stand-in (tests/bin/pct), one more layer of quoting and a process.
+* reused connection through the `pct exec` stand-in (relaunch/testing/bin/pct), one more layer of quoting and a process.
 
 Prints JSON: milliseconds per command, summarised by bench/stats.py (median, nearest-rank p95, max), and
 the raw samples. Takes about 10 s.
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from bench.stats import P95_METHOD, machine, summary  # noqa: E402
 from relaunch.commands import Command  # noqa: E402
 from relaunch.ssh import SSHTransport  # noqa: E402
-from tests.sshd import SSHD, running_sshd  # noqa: E402
+from relaunch.testing.sshd import SSHD, running_sshd  # noqa: E402
 
 TRUE = Command(argv=("true",))
 

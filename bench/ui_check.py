@@ -3,7 +3,7 @@
     .venv/bin/python bench/ui_check.py [--out docs/ui]
 
 Starts `prefect server start` (UI on, its own PREFECT_HOME, no telemetry) on a free port of 127.0.0.1, starts
-tests/targets.py's bash trainer with a fault (it exits 3 at step 2), runs `relaunch recover TARGET.yaml` as a
+relaunch/testing/targets.py's bash trainer with a fault (it exits 3 at step 2), runs `relaunch recover TARGET.yaml` as a
 subprocess against that server, then opens the flow run's pages in headless Chromium (Debian's `chromium`)
 in Prefect's default (React, /v2/) UI: the flow run's Task Runs tab (task runs named `step@host`), its
 Artifacts tab, and the report artifact's own page. One command-line Chromium per page writes the rendered DOM
@@ -126,7 +126,7 @@ def prefect_server(home: Path, boot_seconds: float = SERVER_BOOT_SECONDS) -> Ite
 
 def _stop_group(proc: subprocess.Popen) -> None:
     """SIGTERM to the server's process group (the server and anything it forked), SIGKILL after a grace period."""
-    from tests.faults import group_members
+    from relaunch.testing.faults import group_members
 
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -157,8 +157,8 @@ class Recovery:
 
 def recover_crashed_trainer(work: Path, api_url: str) -> Recovery:
     from relaunch.tasks.launch import launch
-    from tests.faults import RELAUNCH, cli_env, write_target
-    from tests.targets import shell_target, stop_all, wait_for_exit
+    from relaunch.testing.faults import RELAUNCH, cli_env, write_target
+    from relaunch.testing.targets import shell_target, stop_all, wait_for_exit
 
     target = shell_target(work / "target", name=TARGET_NAME)
     target_file = write_target(target, work / "target.yaml")

@@ -2,7 +2,7 @@
 
 Two hosts, each in a network namespace of its own with its own sshd, on a network of their own (a bridge) that
 gloo and torchrun's c10d rendezvous run over; relaunch reaches them only by SSH, as it reaches any node. The hosts
-are tests/netns.py's, so this runs from a clone of relaunch, as root (`ip netns add`). The trainer is
+are relaunch/testing/netns.py's, so this runs from a clone of relaunch, as root (`ip netns add`). The trainer is
 demo/trainer/multirank.py under torchrun (`--nnodes 2`, one rank per node) on this venv's torch; each node has its
 own repo, venv, logs, cache and state folder, and the checkpoints are shared, as a cluster's storage is.
 
@@ -70,8 +70,8 @@ def node_like(t: Target, host: Host, **more: Any) -> Node:
 
 
 def gang_target(folder: Path, fleet: Any, name: str, extra_find_links: list[str] | None = None) -> Target:
-    """A two-node target on `fleet`'s hosts (tests/netns.py Fleet, with a LAN): each node its own folders, one checkpoint folder."""
-    from tests.targets import shell_target  # a small repo with a lock of tiny wheels, per node
+    """A two-node target on `fleet`'s hosts (relaunch/testing/netns.py Fleet, with a LAN): each node its own folders, one checkpoint folder."""
+    from relaunch.testing.targets import shell_target  # a small repo with a lock of tiny wheels, per node
 
     per_node = [shell_target(folder / f"node{k}", name=f"{name}-{k}") for k in range(len(fleet.servers))]
     nodes = [
@@ -108,7 +108,7 @@ def trainer_pid(node: Target) -> int | None:
 
 def rank_pids(node: Target) -> list[int]:
     """The node's ranks: processes under its recorded torchrun whose environment carries torchrun's RANK."""
-    from tests.faults import descendants, environ
+    from relaunch.testing.faults import descendants, environ
 
     root = trainer_pid(node)
     if root is None:
@@ -118,8 +118,8 @@ def rank_pids(node: Target) -> list[int]:
 
 def _requirements() -> str | None:
     """Why the multi-node demo cannot run here, or None."""
-    if not (CHECKOUT / "tests" / "netns.py").is_file():
-        return "the multi-node demo runs from a clone of relaunch (it builds its hosts with tests/netns.py)"
+    if not (CHECKOUT / "relaunch" / "testing" / "netns.py").is_file():
+        return "the multi-node demo runs from a clone of relaunch (it builds its hosts with relaunch/testing/netns.py)"
     if os.geteuid() != 0:
         return "the multi-node demo makes network namespaces: run it as root"
     if shutil.which("ip") is None or not Path("/usr/sbin/sshd").exists():
@@ -151,9 +151,7 @@ def broken_gang(work: Path) -> Iterator[Target]:
     why = _requirements()
     if why:
         raise SystemExit(f"relaunch demo: {why}")
-    if str(CHECKOUT) not in sys.path:
-        sys.path.insert(0, str(CHECKOUT))
-    from tests.netns import fleet_of_hosts
+    from relaunch.testing.netns import fleet_of_hosts
 
     if work.exists():
         shutil.rmtree(work)

@@ -3,6 +3,8 @@
 
     application wing  relaunch.cli, relaunch.cli.entry, relaunch.cli.agent, relaunch.cli.dryrun
     demo              relaunch.demo      (demo/)
+    testing           relaunch.testing   (relaunch/testing/: what the tests, bench, scripts and the multi-node demo
+                      share); the demo's rank: the demo imports it and it imports relaunch.demo.wheels
     flows             relaunch.flows     (flows/: order and branch)
     tasks             relaunch.tasks     (tasks/: one module per recovery step)
     core              every other relaunch.* module: pure judgement, models, transport, the steps' host commands
@@ -10,7 +12,9 @@
                       and never imports Prefect (what needs it is set from above: tasks/secrets.py)
 
 Every import counts, also one inside a function (a deferred import is still a dependency). Read with `ast`, so
-nothing is imported to check it. `python scripts/check_layers.py [ROOT]` exits 1 naming each upward import.
+nothing is imported to check it. A second rule: scripts/, bench/ (every .py file, recursively) and the package's
+folders import nothing from `tests` (shared helpers live in relaunch.testing, as Prefect ships `prefect.testing`).
+`python scripts/check_layers.py [ROOT]` exits 1 naming each upward import and each import of tests.
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ FOLDERS = {
     "tasks": "relaunch.tasks",
     "flows": "relaunch.flows",
     "demo": "relaunch.demo",
+    "relaunch/testing": "relaunch.testing",
 }
-RANK = {"core": 0, "tasks": 1, "flows": 2, "demo": 3, "wing": 4}
+RANK = {"core": 0, "tasks": 1, "flows": 2, "demo": 3, "testing": 3, "wing": 4}
+# Folders whose every .py file (recursively) the second rule (no import of tests) holds, beside the package's (FOLDERS).
+NO_TESTS = ("scripts", "bench")
 
 
 def layer(module: str) -> str:
-    for name in ("tasks", "flows", "demo"):
+    for name in ("tasks", "flows", "demo", "testing"):
         if module == f"relaunch.{name}" or module.startswith(f"relaunch.{name}."):
             return name
     return "wing" if module == "relaunch.cli" or module.startswith("relaunch.cli.") else "core"
@@ -66,8 +73,25 @@ def imports(path: Path, module: str) -> list[tuple[int, str]]:
     return found
 
 
+def importers_of_tests(root: Path) -> dict[Path, str]:
+    """Every .py file the second rule (no import of tests) holds for: scripts/ and bench/ recursively, and the package's modules."""
+    files = {
+        path: path.relative_to(root).with_suffix("").as_posix().replace("/", ".")
+        for f in NO_TESTS
+        for path in sorted((root / f).rglob("*.py"))
+    }
+    files.update({path: module for module, path in modules(root).items()})
+    return files
+
+
 def violations(root: Path) -> list[str]:
     out = []
+    for path, module in importers_of_tests(root).items():
+        for line, name in imports(path, module):
+            if name == "tests" or name.startswith("tests."):
+                out.append(
+                    f"{path.relative_to(root)}:{line}: imports {name}: scripts, bench and the package import no tests; shared helpers live in relaunch.testing"
+                )
     for module, path in modules(root).items():
         for line, name in imported(path, module):
             if RANK[layer(name)] > RANK[layer(module)]:
@@ -86,9 +110,15 @@ def main() -> int:
     for line in found:
         print(line)
     if found:
-        print(f"layers contract broken: {len(found)} upward import(s); see scripts/check_layers.py for the layers", file=sys.stderr)
+        print(
+            f"layers contract broken: {len(found)} upward import(s) or import(s) of tests; see scripts/check_layers.py for the layers",
+            file=sys.stderr,
+        )
         return 1
-    print(f"layers contract kept: {len(modules(root))} modules, core < tasks < flows < demo < application wing")
+    print(
+        f"layers contract kept: {len(modules(root))} modules, core < tasks < flows < demo = testing < application wing; "
+        f"{len(importers_of_tests(root))} files of scripts, bench and the package import no tests"
+    )
     return 0
 
 

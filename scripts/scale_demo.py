@@ -10,7 +10,7 @@ Starts, each as a process of its own under WORKDIR (no system service, nothing t
 2. Redis (Debian's `redis-server`) on 127.0.0.1 and a free port, with a password;
 3. a Prefect server on them: database on PostgreSQL; messaging broker, messaging cache, causal ordering, concurrency
    lease storage and docket on Redis (the `prefect-redis` package); API authentication on (`SERVER_SETTINGS`);
-4. N SSH hosts (tests/netns.py: an sshd per network namespace, each with its own address and host key), each with a
+4. N SSH hosts (relaunch/testing/netns.py: an sshd per network namespace, each with its own address and host key), each with a
    trainer launched over SSH; BROKEN of them broken for real (crashed with exit code 3, or its trainer SIGKILLed);
 5. the process work pool `relaunch`, a global concurrency limit `relaunch-host-<address>` of 1 per host, the
    deployments `check-fleet/scale-demo` (every host) and `recover-training/scale-demo`, and two process workers
@@ -147,7 +147,7 @@ def _critical() -> Iterator[None]:
 
 def _proc_start_time(pid: int) -> str | None:
     """The start time /proc records for pid (None: gone or a zombie): a recorded PID is ours only while it matches."""
-    from tests.faults import start_time
+    from relaunch.testing.faults import start_time
 
     return start_time(pid)
 
@@ -578,7 +578,7 @@ def client_env(api_url: str, auth: str, home: Path) -> dict[str, str]:
 def _launch_trainers(targets: list[Any], broken: dict[int, str]) -> None:
     from relaunch import runlayout
     from relaunch.tasks.launch import launch
-    from tests.targets import wait_for_exit
+    from relaunch.testing.targets import wait_for_exit
 
     def one(i: int) -> None:
         target = targets[i]
@@ -600,7 +600,7 @@ def _launch_trainers(targets: list[Any], broken: dict[int, str]) -> None:
 
 
 def launch_records(target: Any) -> list[str]:
-    from tests.targets import runs
+    from relaunch.testing.targets import runs
 
     return runs(target)
 
@@ -863,7 +863,7 @@ def scale_engine(
     host_bins: dict[int, Path] | None = None,
 ) -> Iterator[Engine]:
     """Everything the demo runs on, up and ready; all of it stopped on the way out (an exception, Ctrl-C, SIGTERM).
-    `host_bins` (tests): host i's sessions find that folder's commands first (tests/netns.py fleet_of_hosts)."""
+    `host_bins` (tests): host i's sessions find that folder's commands first (relaunch/testing/netns.py fleet_of_hosts)."""
     if broken > hosts:
         raise ValueError(f"--broken {broken} is more than --hosts {hosts}")
     workdir = workdir.resolve()
@@ -897,9 +897,9 @@ def _start(
     started: float,
     host_bins: dict[int, Path] | None = None,
 ) -> Iterator[Engine]:
+    from relaunch.testing.netns import fleet_of_hosts
+    from relaunch.testing.targets import shell_target
     from relaunch.transport import close_all
-    from tests.netns import fleet_of_hosts
-    from tests.targets import shell_target
 
     db = stack.enter_context(postgres(workdir / "pg", procs))
     rd = stack.enter_context(redis(workdir / "redis", procs))

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests import faults
+from relaunch.testing import faults
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def dead(procs: Iterable[Proc]) -> list[Proc]:
 
 
 def wait_for(condition: Callable[[], object], what: str, timeout_seconds: float = 20.0) -> object:
-    """tests.faults.wait_for with the description first, as this module's callers read best."""
+    """relaunch.testing.faults.wait_for with the description first, as this module's callers read best."""
     return faults.wait_for(condition, timeout_seconds, what, interval=0.05)
 
 

@@ -23,8 +23,10 @@ from relaunch.runfiles import state_identity
 from relaunch.tasks.adopt import adopt_run
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
+from relaunch.testing.faults import RELAUNCH, making
+from relaunch.testing.sshd import cannot_run_here
+from relaunch.testing.targets import current, tmux_alive
 from relaunch.vocabulary import Cause, Verdict
-from tests.faults import RELAUNCH, making
 from tests.handmade import (
     Proc,
     kill_session,
@@ -38,8 +40,6 @@ from tests.handmade import (
     wait_for,
     write_kernel_line,
 )
-from tests.sshd import cannot_run_here
-from tests.targets import current, tmux_alive
 
 HOST_DIR = Path(__file__).resolve().parent.parent / "relaunch" / "host"
 # A trainer in Python, printing the stepper's lines to its standard output (which the shell points at a file).

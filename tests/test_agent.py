@@ -19,8 +19,8 @@ import pytest
 from relaunch.cli import agent
 from relaunch.config import Target
 from relaunch.tasks.launch import launch
-from tests.faults import write_target
-from tests.targets import shell_target, stop_all
+from relaunch.testing.faults import write_target
+from relaunch.testing.targets import shell_target, stop_all
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
 CHILD = re.compile(r"child (\d+): (\S+)")

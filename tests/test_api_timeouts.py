@@ -22,8 +22,8 @@ import yaml
 from relaunch.cli import agent
 from relaunch.cli.tempserver import API_ANSWER_SECONDS, API_REQUEST_TIMEOUT_SECONDS, api_client_defaults
 from relaunch.config import Target
-from tests.faults import write_target
-from tests.targets import shell_target, tmux_alive
+from relaunch.testing.faults import write_target
+from relaunch.testing.targets import shell_target, tmux_alive
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
 # What the command may take beyond the API's answer window: the CLI's start (Python, Prefect's imports) on a loaded

@@ -19,8 +19,8 @@ from relaunch.tasks.install_package import install_package
 from relaunch.tasks.launch import launch
 from relaunch.tasks.rebuild_venv import BUILDING_MARKER, BUILT_RECORD, aside_path, build_venv, lock_problems, network_lines, rebuild_venv
 from relaunch.tasks.stop import stop
-from tests.faults import making, start_time, wait_for
-from tests.targets import current_log, shell_target
+from relaunch.testing.faults import making, start_time, wait_for
+from relaunch.testing.targets import current_log, shell_target
 
 STAMP = "20260101T000000.000000Z"
 

@@ -21,9 +21,9 @@ from relaunch.errors import CheckpointUnusable
 from relaunch.runfiles import trainer_command
 from relaunch.tasks.launch import describe, launch, pick_checkpoint, plan_list_checkpoints
 from relaunch.tasks.stop import stop
+from relaunch.testing.faults import making, wait_for
+from relaunch.testing.targets import shell_target
 from relaunch.transport import run, transport_for
-from tests.faults import making, wait_for
-from tests.targets import shell_target
 
 # ---------------------------------------------------------------------------------------------
 # Pure choices over listings

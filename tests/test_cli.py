@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from relaunch.tasks.launch import launch
-from tests.faults import ROOT, write_target
-from tests.targets import shell_target, stop_all, tmux_alive, wait_for_exit
+from relaunch.testing.faults import ROOT, write_target
+from relaunch.testing.targets import shell_target, stop_all, tmux_alive, wait_for_exit
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
 LOGS = ROOT / "tests" / "fixtures" / "logs"

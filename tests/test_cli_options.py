@@ -17,8 +17,8 @@ from relaunch.cli.app import app
 from relaunch.cli.demo import Scenario
 from relaunch.demo.scenarios import SCENARIOS
 from relaunch.tasks.launch import launch
-from tests.faults import cli_env, wait_for, write_target
-from tests.targets import shell_target, stop_all, tmux_alive
+from relaunch.testing.faults import cli_env, wait_for, write_target
+from relaunch.testing.targets import shell_target, stop_all, tmux_alive
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
 

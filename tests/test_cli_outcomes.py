@@ -31,7 +31,7 @@ from relaunch.commands import Command
 from relaunch.config import Target, load_fleet, load_target, load_targets
 from relaunch.errors import ConfigError, HostUnreachable, TransportError, is_transient
 from relaunch.ssh import SSHTransport
-from tests.sshd import free_port, running_sshd
+from relaunch.testing.sshd import free_port, running_sshd
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
 BASE = {

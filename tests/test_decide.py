@@ -10,8 +10,8 @@ from relaunch.decide import decide
 from relaunch.diagnosis import Diagnosis, Metrics
 from relaunch.history import night_of, restart_storm
 from relaunch.ledger import Ledger
+from relaunch.testing.targets import shell_target
 from relaunch.vocabulary import Action, Cause, Verdict
-from tests.targets import shell_target
 from tests.test_nights import snapshot_of
 
 NOW = datetime(2026, 12, 3, 3, 0, tzinfo=UTC)

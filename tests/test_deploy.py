@@ -17,10 +17,10 @@ import yaml
 from relaunch.cli.status import parse_report, render, row
 from relaunch.config import Target
 from relaunch.deadman import deadman_name
+from relaunch.testing.faults import wait_for
+from relaunch.testing.targets import shell_target, stop_all, tmux_alive
 from relaunch.vocabulary import Verdict
-from tests.faults import wait_for
 from tests.installed import clean_env, installed_venv
-from tests.targets import shell_target, stop_all, tmux_alive
 
 
 def test_a_deployed_target_is_recovered_by_its_deployment_on_a_worker_with_only_the_wheel(prefect_harness, tmp_path, tmp_path_factory):

@@ -26,9 +26,9 @@ from relaunch.config import Host, Target
 from relaunch.demo.target import make_target
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
+from relaunch.testing.faults import wait_for
+from relaunch.testing.targets import shell_target, stop_all, tmux_alive, wait_for_exit
 from relaunch.vocabulary import Action
-from tests.faults import wait_for
-from tests.targets import shell_target, stop_all, tmux_alive, wait_for_exit
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,8 +1,8 @@
 """`relaunch doctor`: passes on a good target, and names the problem (and what to do) on each of several broken ones.
 
-One real sshd for the module (tests/sshd.py), one real target folder (git repo, lock of tiny wheels; tests/targets.py)
+One real sshd for the module (relaunch/testing/sshd.py), one real target folder (git repo, lock of tiny wheels; relaunch/testing/targets.py)
 that each broken case varies in one thing: the host key not known, sshd not listening, the container stopped (the
-pct stand-in in tests/bin), tmux missing from PATH, a checkpoint folder on a read-only mount, a lock that does not
+pct stand-in in relaunch/testing/bin), tmux missing from PATH, a checkpoint folder on a read-only mount, a lock that does not
 resolve, the Prefect API down. Each case asserts which checks failed, which were not run, and that no other did.
 """
 
@@ -20,9 +20,9 @@ from relaunch.cli.doctor import examine
 from relaunch.commands import Result
 from relaunch.config import Target
 from relaunch.plans.doctor import Check, Status, host_checks, passed
-from tests.faults import RELAUNCH, bin_without, cli_env, tmpfs, write_target
-from tests.sshd import SSHServer, free_port, sshd  # noqa: F401  (sshd is a fixture)
-from tests.targets import shell_target
+from relaunch.testing.faults import RELAUNCH, bin_without, cli_env, tmpfs, write_target
+from relaunch.testing.sshd import SSHServer, free_port, sshd  # noqa: F401  (sshd is a fixture)
+from relaunch.testing.targets import shell_target
 
 
 @pytest.fixture(scope="module")

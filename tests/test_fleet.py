@@ -11,8 +11,8 @@ from relaunch.flows.check import check_training
 from relaunch.flows.fleet import check_fleet
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
+from relaunch.testing.targets import current, runs, shell_target, stop_all, wait_for_exit
 from relaunch.vocabulary import Action, Verdict
-from tests.targets import current, runs, shell_target, stop_all, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

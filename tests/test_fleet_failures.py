@@ -29,10 +29,10 @@ from relaunch.report import Report
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch, skipped_path
 from relaunch.tasks.stop import stop
+from relaunch.testing.faults import LOST, MID_STEP, bin_without, case, live_trainers, making, reap, sha256, tmpfs, tree, wait_for
+from relaunch.testing.sshd import cannot_run_here
+from relaunch.testing.targets import runs, step_detail, wait_for_exit
 from relaunch.vocabulary import Action, Cause, Verdict
-from tests.faults import LOST, MID_STEP, bin_without, case, live_trainers, making, reap, sha256, tmpfs, tree, wait_for
-from tests.sshd import cannot_run_here
-from tests.targets import runs, step_detail, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

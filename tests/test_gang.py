@@ -1,6 +1,6 @@
 """A run that spans two hosts, checked and recovered as one gang (docs/multinode.md).
 
-Two hosts in network namespaces (tests/netns.py), each with its own sshd, and a network of their own (the LAN,
+Two hosts in network namespaces (relaunch/testing/netns.py), each with its own sshd, and a network of their own (the LAN,
 10.215.x.0/24) that gloo and torchrun's c10d rendezvous run over; this machine reaches them only by SSH. The
 trainer is demo/trainer/multirank.py under torchrun (`--nnodes 2`, one rank per node, c10d rendezvous at node
 0's LAN address, gloo). Each node has its own repo, venv, logs, cache and state folder, as separate machines
@@ -30,13 +30,14 @@ from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
 from relaunch.gang import node_targets, rendezvous_port
 from relaunch.tasks.health import check_health
+from relaunch.testing.faults import MID_STEP, case, environ, reap, start_time, wait_for
+from relaunch.testing.multirank import checkpoints, told
+from relaunch.testing.netns import Fleet, fleet_of_hosts
+from relaunch.testing.sshd import cannot_run_here
+from relaunch.testing.targets import current, step_detail, stop_all, wait_for_exit
 from relaunch.transport import close_all
 from relaunch.vocabulary import Action, Step, Verdict
-from tests.faults import MID_STEP, case, environ, reap, start_time, wait_for
-from tests.netns import Fleet, fleet_of_hosts
-from tests.sshd import cannot_run_here
-from tests.targets import current, step_detail, stop_all, wait_for_exit
-from tests.test_multirank import checkpoints, recover, started_under, told, wheelhouse_or_skip
+from tests.test_multirank import recover, started_under, wheelhouse_or_skip
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.netns import ip, require_netns
-from tests.sshd import require_sshd
+from relaunch.testing.netns import ip, require_netns
+from relaunch.testing.sshd import require_sshd
 from tests.test_multirank import started_under
 
 RELAUNCH = Path(sys.executable).parent / "relaunch"

@@ -14,10 +14,10 @@ from relaunch.config import Host, Target
 from relaunch.demo.multinode import node_like
 from relaunch.flows.recover import host_limit_name, recover_training
 from relaunch.gang import node_targets
+from relaunch.testing.faults import live_trainers
+from relaunch.testing.multirank import told
+from relaunch.testing.targets import shell_target, stop_all
 from relaunch.vocabulary import Step, Verdict
-from tests.faults import live_trainers
-from tests.targets import shell_target, stop_all
-from tests.test_multirank import told
 
 
 def test_a_gang_of_two_nodes_on_one_machine_takes_its_hosts_slot_once_and_is_launched_healthy_on_both(tmp_path, prefect_harness):

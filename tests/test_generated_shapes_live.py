@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from relaunch.playbook import remedy
 from relaunch.tasks.health import check_health
+from relaunch.testing.faults import making, wait_for
 from relaunch.vocabulary import Action, Verdict
-from tests.faults import making, wait_for
 from tests.test_judging_evidence import checks, launched, never_stalled, verdicts
 
 

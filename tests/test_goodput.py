@@ -156,13 +156,13 @@ def now() -> datetime:
 
 
 def log_reaches(target, step: int) -> bool:
-    from tests.targets import current_log
+    from relaunch.testing.targets import current_log
 
     return f"step={step} " in current_log(target).read_text()
 
 
 def last_step_in_log(target) -> int:
-    from tests.targets import current_log
+    from relaunch.testing.targets import current_log
 
     return max(int(m) for m in re.findall(r"^step=(\d+) ", current_log(target).read_text(), re.M))
 
@@ -187,8 +187,8 @@ def test_a_real_crash_and_recovery_is_counted_category_by_category_as_the_tests_
     from relaunch import runlayout
     from relaunch.flows.check import check_training
     from relaunch.tasks.launch import launch
-    from tests.faults import wait_for
-    from tests.targets import current, finished, stop_all, wait_for_exit
+    from relaunch.testing.faults import wait_for
+    from relaunch.testing.targets import current, finished, stop_all, wait_for_exit
 
     target = shell_target_for_goodput(tmp_path)
     try:
@@ -246,7 +246,7 @@ def test_a_real_crash_and_recovery_is_counted_category_by_category_as_the_tests_
 
     from prefect.settings import PREFECT_API_URL
 
-    from tests.faults import RELAUNCH, ROOT, cli_env, write_target
+    from relaunch.testing.faults import RELAUNCH, ROOT, cli_env, write_target
 
     spec = write_target(target, tmp_path / "target.yaml")
     env = cli_env(tmp_path / "cli-home", PREFECT_API_URL.value())
@@ -263,6 +263,6 @@ START_SECONDS = 1.0
 
 
 def shell_target_for_goodput(tmp_path):
-    from tests.targets import shell_target
+    from relaunch.testing.targets import shell_target
 
     return shell_target(tmp_path, name="goodput", env={"STEP_SECONDS": "0.1", "START_SECONDS": str(START_SECONDS)})

@@ -20,7 +20,7 @@ from relaunch.demo.target import GPU_THRESHOLDS
 from relaunch.steps import RebuildDetail
 from relaunch.tasks.rebuild_venv import parse_pins, plan_rebuild, rebuild_venv
 from relaunch.tasks.stop import stop
-from tests.targets import shell_target
+from relaunch.testing.targets import shell_target
 from tests.test_cli import typed
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -19,8 +19,8 @@ from relaunch.config import Thresholds
 from relaunch.diagnosis import Diagnosis
 from relaunch.tasks.health import HealthResult, check_health
 from relaunch.tasks.launch import launch
+from relaunch.testing.faults import making, wait_for
 from relaunch.vocabulary import Verdict
-from tests.faults import making, wait_for
 
 TRAINER = r"""
 import logging, os, sys, threading, time

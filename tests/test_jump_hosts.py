@@ -3,7 +3,7 @@
     this machine --10.213.s.0/24-- bastion (its own sshd) --10.214.s.0/24-- target (its own sshd)
 
 This machine has no route to the target; only the bastion's sshd, forwarding a direct-tcpip channel, reaches it
-(tests/netns.py `behind_bastion`). Every hop has its own host key, user key and known_hosts.
+(relaunch/testing/netns.py `behind_bastion`). Every hop has its own host key, user key and known_hosts.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from relaunch.commands import Command
 from relaunch.config import Host
 from relaunch.errors import AuthenticationFailed, HostKeyError, HostUnreachable, TransportError, is_transient
 from relaunch.ssh import SSHTransport
-from tests.faults import wait_for
-from tests.netns import BehindBastion, behind_bastion
-from tests.sshd import keygen
+from relaunch.testing.faults import wait_for
+from relaunch.testing.netns import BehindBastion, behind_bastion
+from relaunch.testing.sshd import keygen
 
 CONNECT_TIMEOUT = 2.0
 

@@ -28,11 +28,11 @@ from relaunch.errors import AuthenticationFailed, ConfigError
 from relaunch.flows.check import check_training
 from relaunch.ssh import PASSPHRASE_ENV, SSHTransport
 from relaunch.tasks.launch import launch
+from relaunch.testing.faults import wait_for
+from relaunch.testing.sshd import SSHServer, keygen, sshd  # noqa: F401  (sshd is a fixture)
+from relaunch.testing.targets import shell_target, stop_all
 from relaunch.transport import close_all
 from relaunch.vocabulary import Verdict
-from tests.faults import wait_for
-from tests.sshd import SSHServer, keygen, sshd  # noqa: F401  (sshd is a fixture)
-from tests.targets import shell_target, stop_all
 
 T = TypeVar("T")
 LOGGERS = ("relaunch", "paramiko", "tasks", "flows")  # besides Prefect's own run loggers, which always reach the API

@@ -24,8 +24,8 @@ from relaunch.runfiles import state_identity, trainer_env
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
-from tests.faults import kill_group, making, start_time, tmpfs, wait_for
-from tests.targets import shell_target, tmux_alive
+from relaunch.testing.faults import kill_group, making, start_time, tmpfs, wait_for
+from relaunch.testing.targets import shell_target, tmux_alive
 
 PYTHON = sys.executable
 
@@ -66,7 +66,7 @@ def nothing_launched(target, runs_before: set[str]) -> None:
 
 
 def stepper(repo: str, env: dict[str, str] | None = None, session: bool = True) -> subprocess.Popen:
-    """A trainer this test starts by hand (tests/targets.py's STEPPER), in its own session so it can be reaped."""
+    """A trainer this test starts by hand (relaunch/testing/targets.py's STEPPER), in its own session so it can be reaped."""
     return subprocess.Popen(
         ["bash", "stepper.sh"],
         cwd=repo,

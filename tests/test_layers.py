@@ -1,4 +1,5 @@
-"""The layers contract that `make lint` runs (scripts/check_layers.py): the core never imports upward."""
+"""The layers contract that `make lint` runs (scripts/check_layers.py): the core never imports upward, and scripts,
+bench and the package import nothing from tests."""
 
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ CHECK = ROOT / "scripts" / "check_layers.py"
 
 
 def copy_of_the_house(tmp_path: Path) -> Path:
-    for folder in ("relaunch", "relaunch/plans", "relaunch/cli", "tasks", "flows", "demo"):
+    for folder in ("relaunch", "relaunch/plans", "relaunch/cli", "relaunch/testing", "tasks", "flows", "demo"):
         (tmp_path / folder).mkdir(parents=True, exist_ok=True)
         for path in (ROOT / folder).glob("*.py"):
             shutil.copy(path, tmp_path / folder / path.name)
+    for folder in ("scripts", "bench"):  # every .py file, in folders below too
+        for path in (ROOT / folder).rglob("*.py"):
+            copy = tmp_path / path.relative_to(ROOT)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, copy)
     return tmp_path
 
 
@@ -59,6 +65,19 @@ UPWARD = [
     ("relaunch/plans/launch.py", "from ..tasks import stop", "relaunch.plans.launch (core) imports relaunch.tasks (tasks)"),
     ("relaunch/checkpoints.py", "from prefect import task", "relaunch.checkpoints (core) imports prefect: the core imports no Prefect"),
     ("relaunch/plans/doctor.py", "import prefect.blocks.system", "the core imports no Prefect"),
+    # The helpers the tests, bench, scripts and the multi-node demo share: the demo's rank, below the wing.
+    ("relaunch/testing/targets.py", "from relaunch.cli import app", "relaunch.testing.targets (testing) imports relaunch.cli (wing)"),
+    # Scripts and bench (in folders below too) import nothing from tests, deferred or not.
+    (
+        "bench/gpu_multirank/scenario.py",
+        "import tests.targets",
+        "imports tests.targets: scripts, bench and the package import no tests; shared helpers live in relaunch.testing",
+    ),
+    (
+        "scripts/scale_demo.py",
+        "from tests.faults import wait_for",
+        "imports tests.faults: scripts, bench and the package import no tests; shared helpers live in relaunch.testing",
+    ),
 ]
 
 

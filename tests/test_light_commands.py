@@ -14,9 +14,9 @@ import pytest
 import relaunch.plans
 from relaunch.cli.tempserver import needs_temp_server
 from relaunch.playbook import steps_for
+from relaunch.testing.faults import write_target
+from relaunch.testing.targets import shell_target
 from relaunch.vocabulary import Action, Step
-from tests.faults import write_target
-from tests.targets import shell_target
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
 IMPORT_TIME = "import time:"

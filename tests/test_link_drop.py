@@ -1,6 +1,6 @@
 """A connection that drops in the middle of a step that is not idempotent (launch, the venv built aside).
 
-The host is a network namespace of its own (tests/netns.py); its link is taken down while the step's
+The host is a network namespace of its own (relaunch/testing/netns.py); its link is taken down while the step's
 command runs there, and the step's first try is held on the host (SIGSTOP of the process group its
 STATE/inflight record names) so that "still running when the retry comes" is certain, not a race.
 The client sees a dead connection (TransportError), Prefect retries the step once the link is back,
@@ -25,11 +25,11 @@ from relaunch.config import Target
 from relaunch.flows.recover import recover_training
 from relaunch.report import Report
 from relaunch.tasks.rebuild_venv import BUILDING_MARKER, BUILT_RECORD
+from relaunch.testing.faults import MID_STEP, ONE, big_wheel, case, live_supervisor_groups, live_trainers, reap, start_time, wait_for
+from relaunch.testing.netns import Fleet, fleet_of_hosts
+from relaunch.testing.targets import finished, runs, shell_target, step_detail
 from relaunch.transport import close_all
 from relaunch.vocabulary import Verdict
-from tests.faults import MID_STEP, ONE, big_wheel, case, live_supervisor_groups, live_trainers, reap, start_time, wait_for
-from tests.netns import Fleet, fleet_of_hosts
-from tests.targets import finished, runs, shell_target, step_detail
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -16,8 +16,8 @@ from relaunch.logtext import clean_lines
 from relaunch.playbook import choose_action, remedy, resume_constraints, steps_for
 from relaunch.snapshot import HealthSnapshot
 from relaunch.tasks.warm_cache import warm_cache
+from relaunch.testing.faults import making
 from relaunch.vocabulary import Action, Cause, Step, Verdict
-from tests.faults import making
 
 CPU = Path(__file__).parent / "fixtures" / "logs" / "cpu"
 T = Thresholds()

@@ -1,6 +1,6 @@
 """check-fleet across hosts of their own: each in its own network namespace, with its own address and sshd.
 
-Host i answers at 10.213.i.2 (tests/netns.py); its sessions, and the trainers they launch, run on this machine's
+Host i answers at 10.213.i.2 (relaunch/testing/netns.py); its sessions, and the trainers they launch, run on this machine's
 file system and process table, with a tmux server per host. Taking a host's link down is a host that vanished:
 nothing answers it any more, neither on the open connection nor on a new one.
 """
@@ -21,10 +21,10 @@ from relaunch.errors import HostUnreachable, TransportError
 from relaunch.flows.fleet import check_fleet
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
+from relaunch.testing.netns import Fleet, fleet_of_hosts
+from relaunch.testing.targets import current, runs, shell_target, stop_all, wait_for_exit
 from relaunch.transport import close_all, run, transport_for
 from relaunch.vocabulary import Verdict
-from tests.netns import Fleet, fleet_of_hosts
-from tests.targets import current, runs, shell_target, stop_all, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -41,6 +41,8 @@ from relaunch.flows.recover import recover_training
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
+from relaunch.testing.sshd import cannot_run_here
+from relaunch.testing.targets import current, current_log, finished, shell_target, wait_for_exit
 from relaunch.vocabulary import Cause, Verdict
 from tests.handmade import (
     Proc,
@@ -59,8 +61,6 @@ from tests.handmade import (
     wait_for,
     write_kernel_line,
 )
-from tests.sshd import cannot_run_here
-from tests.targets import current, current_log, finished, shell_target, wait_for_exit
 
 # The rows that run flows take the one Prefect server of the session; the validation row needs none.
 with_server = pytest.mark.usefixtures("prefect_harness")
@@ -199,7 +199,7 @@ def kernel_oom_line() -> str | None:
     """An OOM kill of an unrelated process (another cgroup's), in the kernel log before any run of the rows starts.
 
     Written once per worker: each kernel_oom row's run starts after it. PID 4242 as in the issue's probe.
-    Returns why it could not be written (the row then skips with that reason, or fails under CI=true: tests.sshd.cannot_run_here)."""
+    Returns why it could not be written (the row then skips with that reason, or fails under CI=true: relaunch.testing.sshd.cannot_run_here)."""
     first = write_kernel_line(
         "<3>oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/system.slice/other.service,"
         "task_memcg=/system.slice/other.service,task=python3,pid=4242,uid=0"

@@ -32,12 +32,12 @@ from relaunch.tasks import common as task_common
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
+from relaunch.testing.faults import ROOT, environ, live_trainers, making, reap, start_time, wait_for
+from relaunch.testing.netns import Fleet, fleet_of_hosts
+from relaunch.testing.targets import current, current_log, runs, shell_target, stop_all, wait_for_exit
 from relaunch.transport import close_all
 from relaunch.vocabulary import Step, Verdict
-from tests.faults import ROOT, environ, live_trainers, making, reap, start_time, wait_for
 from tests.handmade import last_step, lose_pane
-from tests.netns import Fleet, fleet_of_hosts
-from tests.targets import current, current_log, runs, shell_target, stop_all, wait_for_exit
 
 with_server = pytest.mark.usefixtures("prefect_harness")
 

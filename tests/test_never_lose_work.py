@@ -15,8 +15,8 @@ from relaunch.tasks.launch import launch
 from relaunch.tasks.rebuild_venv import rebuild_venv
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
-from tests.faults import BAD_INPUT, LOST, MID_STEP, RELAUNCH, ROOT, case, cli_env, making, tree, wait_for
-from tests.targets import shell_target, wait_for_exit
+from relaunch.testing.faults import BAD_INPUT, LOST, MID_STEP, RELAUNCH, ROOT, case, cli_env, making, tree, wait_for
+from relaunch.testing.targets import shell_target, wait_for_exit
 
 # Resumes from a checkpoint folder: reads (never writes) the step it records.
 RESUME_SH = """#!/usr/bin/env bash

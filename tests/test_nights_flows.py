@@ -22,11 +22,11 @@ from relaunch.ledger import Ledger
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.memory import history_variable, read_ledger, write_ledger
+from relaunch.testing.faults import RELAUNCH, ROOT, cli_env, wait_for
+from relaunch.testing.netns import Fleet, fleet_of_hosts
+from relaunch.testing.targets import runs, shell_target, stop_all, wait_for_exit
 from relaunch.transport import close_all
 from relaunch.vocabulary import Action, Cause, Verdict
-from tests.faults import RELAUNCH, ROOT, cli_env, wait_for
-from tests.netns import Fleet, fleet_of_hosts
-from tests.targets import runs, shell_target, stop_all, wait_for_exit
 from tests.test_fleet_failures import XID, dmesg_printing, host_commands, launched_and_exited, made, recover, told, trainer  # noqa: F401
 from tests.test_netns_fleet import fleet, stopping, targets_on  # noqa: F401
 
@@ -161,7 +161,7 @@ def test_the_nightly_check_judges_a_run_on_the_gpus_its_recovery_placed_it_on_no
 
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[Fleet]:
-    """Two hosts, each in its own network namespace with its own sshd (tests/netns.py)."""
+    """Two hosts, each in its own network namespace with its own sshd (relaunch/testing/netns.py)."""
     close_all()
     with fleet_of_hosts(2, tmp_path / "hosts") as hosts:
         try:

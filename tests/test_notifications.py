@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from relaunch.tasks.launch import launch
-from tests.faults import ROOT, cli_env, start_cli, wait_for, write_target
-from tests.targets import runs, shell_target, stop_all, wait_for_exit
+from relaunch.testing.faults import ROOT, cli_env, start_cli, wait_for, write_target
+from relaunch.testing.targets import runs, shell_target, stop_all, wait_for_exit
 
 BIN = Path(sys.executable).parent
 AUTOMATIONS = ("relaunch-recovery-escalated", "relaunch-nightly-check-failed")

@@ -13,8 +13,8 @@ import pytest
 
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
-from tests.faults import making, wait_for
-from tests.targets import current_log
+from relaunch.testing.faults import making, wait_for
+from relaunch.testing.targets import current_log
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 FIXTURE = LOGS / "cpu" / "generic_error.log"  # a real DataLoader crash

@@ -7,7 +7,6 @@ The stand-ins `exec "$@"` without re-quoting, so all quoting is done by relaunch
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,13 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sshd import BIN, SSHServer, sshd  # noqa: E402,F401  (sshd is a fixture)
-
-from relaunch.commands import Command, script  # noqa: E402
-from relaunch.config import Container, Host  # noqa: E402
-from relaunch.ssh import SSHTransport  # noqa: E402
-from relaunch.transport import LocalTransport, Transport  # noqa: E402
+from relaunch.commands import Command, script
+from relaunch.config import Container, Host
+from relaunch.ssh import SSHTransport
+from relaunch.testing.sshd import BIN, SSHServer, sshd  # noqa: F401  (sshd is a fixture)
+from relaunch.transport import LocalTransport, Transport
 
 LAYERS = ["local", "local+pct", "local+docker", "ssh", "ssh+pct", "ssh+docker"]
 CONTAINER_IDS = {"pct": "201", "docker": "trainer"}

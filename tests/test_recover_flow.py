@@ -12,8 +12,8 @@ from relaunch.flows.outcome import report_of
 from relaunch.flows.recover import recover_training
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
+from relaunch.testing.targets import shell_target
 from relaunch.vocabulary import Action, Verdict
-from tests.targets import shell_target
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

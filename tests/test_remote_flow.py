@@ -9,22 +9,20 @@ import threading
 from pathlib import Path
 
 import pytest
+from prefect import flow
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prefect import flow  # noqa: E402
-from sshd import SSHServer, sshd  # noqa: E402,F401  (sshd is a fixture)
-
-from relaunch.commands import Command  # noqa: E402
-from relaunch.config import Target  # noqa: E402
-from relaunch.errors import CommandFailed  # noqa: E402
-from relaunch.flows.check import check_training  # noqa: E402
-from relaunch.flows.recover import recover_training  # noqa: E402
-from relaunch.tasks.common import step_task  # noqa: E402
-from relaunch.tasks.stop import stop  # noqa: E402
-from relaunch.transport import close_all, run, transport_for  # noqa: E402
-from relaunch.vocabulary import Cause, Verdict  # noqa: E402
-from tests.faults import wait_for  # noqa: E402
-from tests.targets import finished, shell_target  # noqa: E402
+from relaunch.commands import Command
+from relaunch.config import Target
+from relaunch.errors import CommandFailed
+from relaunch.flows.check import check_training
+from relaunch.flows.recover import recover_training
+from relaunch.tasks.common import step_task
+from relaunch.tasks.stop import stop
+from relaunch.testing.faults import wait_for
+from relaunch.testing.sshd import SSHServer, sshd  # noqa: F401  (sshd is a fixture)
+from relaunch.testing.targets import finished, shell_target
+from relaunch.transport import close_all, run, transport_for
+from relaunch.vocabulary import Cause, Verdict
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

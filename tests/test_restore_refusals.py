@@ -13,7 +13,7 @@ import pytest
 
 from relaunch.errors import CommandFailed
 from relaunch.tasks.restore_code import check_restorable, restore_code
-from tests.targets import shell_target
+from relaunch.testing.targets import shell_target
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t.invalid", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t.invalid"}
 

@@ -14,8 +14,8 @@ from relaunch.flows.check import check_training
 from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
 from relaunch.tasks.launch import launch
-from tests.faults import wait_for
-from tests.targets import shell_target, stop_all, wait_for_exit
+from relaunch.testing.faults import wait_for
+from relaunch.testing.targets import shell_target, stop_all, wait_for_exit
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.faults import ROOT
-from tests.targets import shell_target
+from relaunch.testing.faults import ROOT
+from relaunch.testing.targets import shell_target
 from tests.test_scale_demo import load_scale_demo, require_scale_parts, scale_workdir
 
 LEASE_SECONDS = 60  # flows/recover.py: concurrency(..., lease_duration=60); the server's minimum lease is 60 s
@@ -199,7 +199,7 @@ def test_the_nights_of_one_target_recovered_on_two_workers_share_one_history_and
     from relaunch import runlayout
     from relaunch.tasks.launch import launch
     from relaunch.tasks.memory import history_variable, read_ledger
-    from tests.targets import current, runs, stop_all, wait_for_exit
+    from relaunch.testing.targets import current, runs, stop_all, wait_for_exit
 
     host = engine.fleet.servers[GPU_HOST].ssh_host(connect_timeout_seconds=5.0, command_timeout_seconds=60.0)
     target = shell_target(engine.workdir / "tests" / "nights", name="nights", host=host, env={"CUDA_VISIBLE_DEVICES": "0"}, spare_gpus=[1])

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.netns import require_netns
-from tests.sshd import cannot_run_here, require_sshd
+from relaunch.testing.netns import require_netns
+from relaunch.testing.sshd import cannot_run_here, require_sshd
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "scale_demo.py"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults import wait_for
+from relaunch.testing.faults import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_SECONDS = 180

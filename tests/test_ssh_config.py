@@ -1,6 +1,6 @@
 """SSH as the user has it (`host.ssh_config: true`): a host named by its ~/.ssh/config alias.
 
-The end-to-end tests reach a host behind a bastion in network namespaces (tests/netns.py `behind_bastion`: this
+The end-to-end tests reach a host behind a bastion in network namespaces (relaunch/testing/netns.py `behind_bastion`: this
 machine has no route to the target) through nothing but an alias: HOME is a temporary folder whose .ssh/config
 gives HostName, User, Port, IdentityFile, UserKnownHostsFile and ProxyJump; the target's key is in a real ssh-agent,
 the bastion's key is encrypted, its passphrase in the Secret block named after its alias. The pure tests read config
@@ -25,10 +25,10 @@ from relaunch.errors import ConfigError
 from relaunch.plans.doctor import Status, passed
 from relaunch.ssh import PASSPHRASE_ENV, SSHTransport
 from relaunch.sshconfig import passphrase_block, resolve
-from tests.faults import wait_for
-from tests.netns import BehindBastion, behind_bastion
-from tests.sshd import keygen
-from tests.targets import shell_target
+from relaunch.testing.faults import wait_for
+from relaunch.testing.netns import BehindBastion, behind_bastion
+from relaunch.testing.sshd import keygen
+from relaunch.testing.targets import shell_target
 
 CONFIG = """\
 Host gpu-box

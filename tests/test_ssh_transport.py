@@ -1,11 +1,10 @@
-"""SSHTransport against a real OpenSSH server on 127.0.0.1 (see tests/sshd.py)."""
+"""SSHTransport against a real OpenSSH server on 127.0.0.1 (see relaunch/testing/sshd.py)."""
 
 from __future__ import annotations
 
 import logging
 import socket
 import statistics
-import sys
 import threading
 import time
 import traceback
@@ -15,19 +14,17 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sshd import SSHServer, keygen, running_sshd, sshd  # noqa: E402,F401  (sshd is a fixture)
-
-from relaunch.commands import (  # noqa: E402
+from relaunch.commands import (
     Command,
     Result,
-    describe_container_failure,  # noqa: E402
+    describe_container_failure,
     script,
 )
-from relaunch.errors import AuthenticationFailed, CommandFailed, CommandTooLong, HostKeyError, TransportError, is_transient  # noqa: E402
-from relaunch.ssh import PASSPHRASE_ENV, SSHTransport  # noqa: E402
-from relaunch.transport import run  # noqa: E402
-from tests.faults import wait_for  # noqa: E402
+from relaunch.errors import AuthenticationFailed, CommandFailed, CommandTooLong, HostKeyError, TransportError, is_transient
+from relaunch.ssh import PASSPHRASE_ENV, SSHTransport
+from relaunch.testing.faults import wait_for
+from relaunch.testing.sshd import SSHServer, keygen, running_sshd, sshd  # noqa: F401  (sshd is a fixture)
+from relaunch.transport import run
 
 
 @pytest.fixture

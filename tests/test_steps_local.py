@@ -21,9 +21,9 @@ from relaunch.tasks.rebuild_venv import rebuild_venv
 from relaunch.tasks.restore_code import restore_code
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
+from relaunch.testing.faults import making, wait_for
+from relaunch.testing.targets import tmux_alive
 from relaunch.vocabulary import Cause, Verdict
-from tests.faults import making, wait_for
-from tests.targets import tmux_alive
 
 LONG_POLL = 120  # seconds a poll may wait for the trainer to die: far longer than any wait these tests expect
 

@@ -20,8 +20,8 @@ from relaunch.cli.app import app
 from relaunch.config import Target
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
-from tests.faults import making, start_time, wait_for
-from tests.targets import tmux_alive
+from relaunch.testing.faults import making, start_time, wait_for
+from relaunch.testing.targets import tmux_alive
 
 # Saves on SIGTERM: counts every TERM it gets into $TERMS, then takes 1 s to "save" (still counting), then exits 0.
 SAVER = """#!/usr/bin/env bash

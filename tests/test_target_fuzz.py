@@ -20,9 +20,9 @@ from relaunch.config import load_target
 from relaunch.errors import ConfigError
 from relaunch.flows.recover import recover_training
 from relaunch.paths import CONTROL, normalise, overlaps
+from relaunch.testing.faults import reap, tree
+from relaunch.testing.targets import shell_target
 from relaunch.vocabulary import Verdict
-from tests.faults import reap, tree
-from tests.targets import shell_target
 
 CANARY = Path(tempfile.gettempdir()) / "relaunch-fuzz-canary"
 

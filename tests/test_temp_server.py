@@ -17,7 +17,7 @@ import yaml
 
 from relaunch.cli.tempserver import PREFECT_APP, needs_temp_server, start, start_for_cli
 from relaunch.config import Target, Thresholds
-from tests.targets import shell_target, stop_all
+from relaunch.testing.targets import shell_target, stop_all
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,10 +32,10 @@ from relaunch.runfiles import log_path, new_nonce, parse_snapshot
 from relaunch.tasks.adopt import adopt_run
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
+from relaunch.testing.faults import making
+from relaunch.testing.targets import current, wait_for_exit
 from relaunch.vocabulary import Cause, Verdict
-from tests.faults import making
 from tests.handmade import Proc, kill, reap, start_by_hand, trainers, wait_for
-from tests.targets import current, wait_for_exit
 
 LAST_WEEK = (
     "step=4990 loss=2.1 acc=0.5 lr=1e-4 | dft=0.50b/s (20.0Ktok/s) | q_hs=[2]\n"

@@ -20,8 +20,8 @@ from relaunch.errors import CommandFailed
 from relaunch.playbook import remedy
 from relaunch.tasks.health import check_health
 from relaunch.tasks.launch import launch
+from relaunch.testing.faults import making, wait_for
 from relaunch.vocabulary import Action, Verdict
-from tests.faults import making, wait_for
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import struct
 import sys
 from pathlib import Path
 
-from tests.sshd import cannot_run_here
+from relaunch.testing.sshd import cannot_run_here
 
 ROOT = Path(__file__).resolve().parent.parent
 

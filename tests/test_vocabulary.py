@@ -15,8 +15,8 @@ from relaunch.playbook import PLAYBOOK, steps_for
 from relaunch.snapshot import HealthSnapshot
 from relaunch.steps import StepDetail
 from relaunch.tasks.health import HealthResult
+from relaunch.testing.targets import shell_target
 from relaunch.vocabulary import Action, Category, Cause, Step, Verdict
-from tests.targets import shell_target
 
 
 def planned_steps() -> set[Step]:

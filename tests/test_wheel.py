@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from relaunch.testing.targets import shell_target
 from tests.installed import clean_env, installed_venv, run
-from tests.targets import shell_target
 
 ROOT = Path(__file__).resolve().parent.parent
 

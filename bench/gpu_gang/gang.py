@@ -32,7 +32,7 @@ from relaunch.flows.recover import recover_training  # noqa: E402
 from relaunch.gang import node_targets  # noqa: E402
 from relaunch.tasks.health import collect_snapshot  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
-from tests.targets import shell_target  # noqa: E402
+from relaunch.testing.targets import shell_target  # noqa: E402
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 MULTIRANK = ROOT / "demo" / "trainer" / "multirank.py"

@@ -37,10 +37,8 @@ os.environ["PATH"] = f"{os.environ['PATH']}{os.pathsep}{Path(sys.executable).par
 from relaunch.flows.recover import recover_training  # noqa: E402
 from relaunch.report import Report  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
-from relaunch.vocabulary import Action, Cause, Verdict  # noqa: E402
-from tests.faults import reap, wait_for  # noqa: E402
-from tests.targets import current, runs, shell_target, wait_for_exit  # noqa: E402
-from tests.test_multirank import (  # noqa: E402
+from relaunch.testing.faults import reap, wait_for  # noqa: E402
+from relaunch.testing.multirank import (  # noqa: E402
     MULTIRANK,
     THRESHOLDS,
     checkpoints,
@@ -48,11 +46,12 @@ from tests.test_multirank import (  # noqa: E402
     old_group,
     polled_verdict,
     run_log,
-    step_detail,
     still_alive,
     told,
     two_ranks_stepping,
 )
+from relaunch.testing.targets import current, runs, shell_target, step_detail, wait_for_exit  # noqa: E402
+from relaunch.vocabulary import Action, Cause, Verdict  # noqa: E402
 
 # Kept in every trainer's environment too (the device machine's rule: no NVLink multicast).
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

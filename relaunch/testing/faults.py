@@ -24,9 +24,9 @@ import yaml
 from relaunch import runlayout
 from relaunch.config import Target
 from relaunch.demo.wheels import write_wheel
-from tests.sshd import cannot_run_here
+from relaunch.testing.sshd import cannot_run_here
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository (relaunch/testing/faults.py)
 DOC = ROOT / "docs" / "fault-matrix.md"
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
 
@@ -83,8 +83,9 @@ def render_matrix(cases: list[Case]) -> str:
         "",
         "What relaunch guarantees when things go wrong, and the test that proves each row by injecting",
         "the fault for real (real tmux, git, uv, processes, signals, a full tmpfs, a SIGKILLed",
-        "orchestrator). Generated from the registry in `tests/test_fault_matrix.py` by",
-        "`python bench/render_fault_matrix.py`; a test fails when this file and the registry differ.",
+        "orchestrator). Generated from the registry in `tests/test_fault_matrix.py` by its last test, run as",
+        "`RELAUNCH_WRITE_DOCS=1 .venv/bin/python -m pytest tests/test_fault_matrix.py -k fault_matrix_doc`;",
+        "without RELAUNCH_WRITE_DOCS=1 that test fails when this file and the registry differ.",
         "",
         "| guarantee | fault (injected for real) | outcome | test |",
         "| --- | --- | --- | --- |",
@@ -274,7 +275,7 @@ def making(tmp_path: Path, after: Callable[[Target], object] | None = None, **de
     started is stopped and reaped, even when one stop complains (the first complaint is raised after)."""
     from relaunch.errors import CommandFailed
     from relaunch.tasks.stop import stop
-    from tests.targets import shell_target
+    from relaunch.testing.targets import shell_target
 
     targets: list[Target] = []
 

@@ -42,7 +42,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -51,10 +50,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sshd import SSHServer, cannot_run_here, require_sshd
-
 from relaunch.config import Host
+from relaunch.testing.sshd import SSHServer, cannot_run_here, require_sshd
 
 PREFIX = "10.213"
 INNER_PREFIX = "10.214"  # links between two of our namespaces; never routed from this machine

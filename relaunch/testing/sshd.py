@@ -3,7 +3,7 @@
     with running_sshd() as server:
         transport = SSHTransport(server.ssh_host())
 
-Sessions get tests/bin first on PATH (sshd_config SetEnv, OpenSSH >= 7.8), so `pct` and
+Sessions get relaunch/testing/bin first on PATH (sshd_config SetEnv, OpenSSH >= 7.8), so `pct` and
 `docker` resolve to the stand-ins, which read the container states from `server.containers_file`.
 SHLVL=1 keeps Debian's bash from sourcing the user's ~/.bashrc for ssh commands (it does when
 SHLVL is unset), so the tests do not depend on, or pay for, this machine's shell start-up files.
@@ -36,7 +36,7 @@ import pytest
 from relaunch.config import Container, Host, JumpHost
 
 SSHD = "/usr/sbin/sshd"
-BIN = Path(__file__).resolve().parent / "bin"
+BIN = Path(__file__).resolve().parent / "bin"  # relaunch/testing/bin: the fake pct and docker
 READY_TIMEOUT = 10.0
 
 
@@ -105,7 +105,7 @@ class SSHServer:
     netns: str | None = None  # run sshd inside this network namespace (`ip netns exec NAME`)
     env: dict[str, str] = field(default_factory=dict)  # more variables for every session (SetEnv)
     reachable_from_here: bool = True  # False: only another namespace routes to it, so readiness is read from sshd's log
-    bin_first: Path | None = None  # stand-ins before tests/bin on every session's PATH (a GPU host's nvidia-smi, dmesg)
+    bin_first: Path | None = None  # stand-ins before relaunch/testing/bin on every session's PATH (a GPU host's nvidia-smi, dmesg)
 
     def __post_init__(self) -> None:
         self.host_key = keygen(self.workdir / "ssh_host_ed25519_key")
