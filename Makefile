@@ -59,9 +59,8 @@ test: lint
 	$(PY) -m pytest -q -n 4 --dist worksteal -m "not long" --durations=25
 
 # Two workers: each end-to-end run gets a core; at three, a demo's broken run did not reach its crash within 240 s.
-# loadgroup: tests/test_deployments.py shares one control plane and one tmux session, so it stays on one worker.
 test-long: setup system-test
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m long --durations=10
+	$(PY) -m pytest -q -n 2 --dist worksteal -m long --durations=10
 
 # A local control plane: Prefect server (SQLite), work pool, automations, a worker; no demo. Ctrl-C stops it all.
 # Your targets go on it with `relaunch deploy TARGET.yaml`.

@@ -31,11 +31,6 @@ from relaunch.testing.targets import shell_target, stop_all, tmux_alive, wait_fo
 from relaunch.vocabulary import Action
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# prefect.yaml's demo deployment runs its trainer in the one tmux session relaunch-demo: two planes at once (a module
-# split across xdist workers) would fight over it. `make test-long` runs with --dist loadgroup, which keeps a group on
-# one worker, so the module-scoped plane is built once.
-pytestmark = pytest.mark.xdist_group("relaunch-demo-tmux-session")
 BIN = Path(sys.executable).parent
 
 
@@ -370,26 +365,14 @@ def outcomes(results: list[tuple[int, str, str]]) -> str:
     return "\n".join(lines)
 
 
-def run_demo_deployment(plane: ControlPlane, ends_in: tuple[str, ...] = ("Recovered",)) -> None:
-    """`recover-training/demo` through the worker, watched to its end in one of `ends_in`: afterwards its trainer runs
-    in relaunch-demo."""
+def test_the_demo_deployment_recovers_the_demo_target_and_serve_stops_it_with_its_worker_and_server_on_sigterm(plane):
+    # One test, not two: prefect.yaml's demo deployment runs its trainer in the one tmux session relaunch-demo, and
+    # xdist may give a module's tests to two workers, each with a plane of its own; two deployments of it at once
+    # would fight over that session. What serve.sh must stop besides its worker and server: the trainer this
+    # plane's deployment launched.
     out = plane.prefect("deployment", "run", "recover-training/demo", "--watch", "--watch-timeout", "400", timeout=420)
-    ended = [state for state in ends_in if f"Flow run finished successfully in '{state}'" in out.stdout]
-    assert out.returncode == 0 and ended, out.stdout[-3000:]
+    assert out.returncode == 0 and "Flow run finished successfully in 'Recovered'" in out.stdout, out.stdout[-3000:]
     assert tmux_alive("relaunch-demo")
-
-
-@pytest.mark.long
-def test_the_demo_deployment_recovers_the_prepared_demo_target_as_deployed(plane):
-    run_demo_deployment(plane)
-
-
-def test_serve_stops_its_worker_and_server_on_sigterm(plane):
-    # What serve.sh must stop besides its worker and server: a demo trainer a deployment of this plane launched. Alone,
-    # this deployment launches it (Recovered); after the test before on the same plane, it finds that one's trainer
-    # healthy and leaves it (Completed). Either way the trainer is this plane's, and which test ran first is the
-    # scheduler's choice (-n with worksteal), not something to assert.
-    run_demo_deployment(plane, ends_in=("Recovered", "Completed"))
     assert alive(plane.server_pid) and alive(plane.worker_pid)
     start = time.monotonic()
     code = plane.stop()

@@ -406,6 +406,12 @@ def test_the_passphrase_can_come_from_a_prefect_secret_block_loaded_only_when_ne
     """A real Secret block saved to the session's Prefect test server; a block that does not exist fails clearly."""
     from prefect.blocks.system import Secret
 
+    # What every task (relaunch.tasks.common) and the CLI's start-up do: the core's SSH asks Prefect for the block
+    # through this loader. Done here too, so the test does not pass only after another test module imported a task.
+    from relaunch.tasks.secrets import install
+
+    install()
+
     passphrase = "block-held-5c1e"
     key = keygen(tmp_path / "encrypted", passphrase=passphrase)
     sshd.authorize(key)
