@@ -1,7 +1,7 @@
 """Put relaunch's automations (automations.yaml) on the Prefect server, and keep paused schedules paused.
 
-    python scripts/automations.py [sync] [--file automations.yaml]   # after `prefect deploy` (make serve)
-    python scripts/automations.py save-paused                         # before `prefect deploy`
+    relaunch automations sync [--file automations.yaml]   # after `prefect deploy` (make serve runs it)
+    relaunch automations save-paused                        # before `prefect deploy`
 
 The automations file ships inside the package (relaunch/cli/automations.yaml; the repository's automations.yaml
 links to it), so `relaunch deploy` puts the same automations on a server from an installed wheel.
@@ -163,7 +163,7 @@ async def resolve_blocks(client, automations: list[dict[str, Any]], url: str | N
         if not found:
             ids[name] = None
             say(
-                f"no notification block {name!r}: its automations fire but notify nobody (set {URL_VARIABLE}, or create a notification block named {name!r}, then run scripts/automations.py again)"
+                f"no notification block {name!r}: its automations fire but notify nobody (set {URL_VARIABLE}, or create a notification block named {name!r}, then run `relaunch automations sync` again)"
             )
             continue
         if len(found) > 1:
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit:
         raise
     except Exception as exc:  # one line with what went wrong, not a wall of traceback
-        print(f"scripts/automations.py {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"relaunch automations {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
 
