@@ -104,7 +104,7 @@ def services_command(
     api_url: str | None = typer.Option(None, "--api-url", help="The API the worker unit talks to (default: the server unit's)."),
 ) -> None:
     """Write the control plane as services: systemd units for a Prefect server and a relaunch worker, and a compose
-    file for the scale-out set-up (docs/operations.md). They run the relaunch installed here."""
+    file for the scale-out set-up (PostgreSQL, Redis, a server, workers). They run the relaunch installed here."""
     from relaunch.cli.services import values, write_compose, write_systemd
 
     if systemd is None and compose is None:

@@ -35,7 +35,7 @@ class Device(str, Enum):
 def demo(
     scenario: Scenario = typer.Option(
         Scenario.FX_RACE,
-        help="The fault to break the demo trainer with (docs/demo.md). Default: the incident's own, a drifted venv whose "
+        help="The fault to break the demo trainer with. Default: the incident's own, a drifted venv whose "
         "FX tracing races the compiled drafters; `healthy` breaks nothing a run would die of.",
     ),
     workdir: Path = typer.Option(Path(".cache/demo"), help="Folder for the demo targets."),
