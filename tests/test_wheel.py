@@ -3,7 +3,9 @@ bastion or a laptop, and puts nothing but `relaunch` at the top of site-packages
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import tomllib
 from pathlib import Path
 
 import yaml
@@ -37,3 +39,31 @@ def test_the_wheel_installed_without_torch_runs_version_diagnose_dry_run_and_che
     checked = run([str(exe), "check", str(path)], env=env, cwd=tmp_path)
     assert checked.returncode == 1 and "unknown" in checked.stdout, checked.stdout + checked.stderr[-2000:]
     assert not os.path.exists(target.venv_dir), "a check changes nothing"
+
+
+def test_the_wheel_holds_every_file_its_package_data_promises(tmp_path_factory):
+    venv = installed_venv(tmp_path_factory.getbasetemp().parent)
+    (record,) = next((venv / "lib").glob("python3*/site-packages")).glob("relaunch-*.dist-info/RECORD")
+    shipped = {line.split(",")[0] for line in record.read_text().splitlines()}
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = setuptools.get("package-dir", {})
+    missing = []
+    for package, patterns in setuptools["package-data"].items():
+        source = ROOT / folders.get(package, package.replace(".", "/"))
+        installed = package.replace(".", "/")
+        for pattern in patterns:
+            promised = [p.relative_to(source).as_posix() for p in source.glob(pattern) if p.is_file() and "__pycache__" not in p.parts]
+            assert promised, f"{package}: {pattern} matches nothing in {source}"
+            missing += [f"{installed}/{name}" for name in promised if f"{installed}/{name}" not in shipped]
+            assert any(fnmatch.fnmatch(f, f"{installed}/{pattern}") for f in shipped), f"{package}: {pattern} not in the wheel"
+    assert not missing, missing
+
+
+def test_the_wheel_without_torch_says_how_to_get_the_demo_and_where_automations_need_a_server(tmp_path, tmp_path_factory):
+    exe = installed_venv(tmp_path_factory.getbasetemp().parent) / "bin" / "relaunch"
+    env = clean_env(tmp_path)
+    demo = run([str(exe), "demo", "--workdir", str(tmp_path / "demo")], env=env, cwd=tmp_path)
+    assert demo.returncode == 2 and "pip install 'relaunch[demo]'" in demo.stderr, demo.stdout + demo.stderr
+    assert not (tmp_path / "demo").exists(), "nothing built"
+    sync = run([str(exe), "automations", "sync"], env=env, cwd=tmp_path)
+    assert sync.returncode == 2 and "PREFECT_API_URL" in sync.stderr, sync.stdout + sync.stderr
