@@ -453,6 +453,14 @@ def diagnose(
     if settled is not None:
         return settled
     if not snap.launched and not snap.session_alive and snap.exit_code is None:
+        if snap.repo_dir_missing:
+            # Not a run to recover yet: a launch from a folder that is not there fails; a person fixes the target.
+            return Diagnosis(
+                verdict=Verdict.UNKNOWN,
+                summary=f"no trainer on record, and repo_dir {snap.repo_dir_missing} does not exist on {snap.host}: nothing can be launched from it",
+                evidence=["no launch recorded and no tmux session", "repo_dir missing: set repo_dir to the clone, or clone it there"],
+                metrics=metrics,
+            )
         return Diagnosis(
             verdict=Verdict.UNKNOWN, summary="no trainer on record", evidence=["no launch recorded and no tmux session"], metrics=metrics
         )

@@ -137,6 +137,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         exit_masked=fields.get("exit_masked") or None,
         exit_at_epoch=number_or_none(fields.get("exit_at"), float),
         supervisor_alive=fields.get("supervisor_alive") == "1",
+        repo_dir_missing=fields.get("repo_missing") or None,
         seconds_since_launch=(now - started) if now is not None and started is not None else None,
         seconds_since_log_write=max(0.0, now - mtime) if now is not None and mtime is not None else None,
         log_size_bytes=number_or_none(fields.get("log_size"), int) or 0,

@@ -70,6 +70,7 @@ class HealthSnapshot(BaseModel):
     supervisor_alive: bool = Field(
         False, description="The run's supervisor (which records the trainer's exit code once its log writer drained) still lives."
     )
+    repo_dir_missing: str | None = Field(None, description="The target's repo_dir, where it does not exist on the host.")
     exit_masked: str | None = Field(
         None,
         description="Why an exit_code of 0 is not the trainer's: the launch command is a wrapper script whose trainer "

@@ -166,6 +166,8 @@ echo "$M exit_code $exit_code"
 # The supervisor writes the exit code: while it lives, a dead trainer without one is still being recorded.
 echo "$M supervisor_alive $(alive "$spid" "$sstart" && echo 1 || echo 0)"
 echo "$M started_at $started"
+# A repo_dir that is not there: nothing can be launched from it, and a check says so rather than a bare unknown.
+[ -n "$repo" ] && [ ! -d "$repo" ] && echo "$M repo_missing $repo"
 echo "$M checkpoint $checkpoint"
 # The GPUs the current run was launched on: its spec's CUDA_VISIBLE_DEVICES ("-": none set), which a recovery may have
 # moved off a ledgered GPU. Said only where the spec is there to read (a run adopted or launched before it was kept).
