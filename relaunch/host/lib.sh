@@ -22,16 +22,18 @@ run_folder() { printf "%s/runs/%s" "$1" "$2"; }
 # A PID is alive only if /proc still shows its recorded start time (no PID reuse) and it is no zombie.
 # VAR=the start time of PID; fails for no such process or a zombie. No subshell: the health poll's wait loop
 # asks this every 50 ms for the whole of a trainer's start-up, on the cores that start-up needs.
-starttime_into() { local s f; { s=$(< "/proc/$2/stat"); } 2> /dev/null || return 1; s=${s##*) }; read -ra f <<< "$s"; [ "${f[0]}" != Z ] || return 1; printf -v "$1" '%s' "${f[19]}"; }
+# The fields of /proc/PID/stat after the command name into the array NAME (its state is [0], its flags [6], its start
+# time [19]); fails when PID is gone. The one reader of it: a command name may hold spaces and ")", so it is cut first.
+stat_fields_into() { local -n _fields=$1; local s; { s=$(< "/proc/$2/stat"); } 2> /dev/null || return 1; s=${s##*) }; read -ra _fields <<< "$s"; }
+starttime_into() { local -a f; stat_fields_into f "$2" && [ "${f[0]}" != Z ] || return 1; printf -v "$1" '%s' "${f[19]}"; }
 starttime() { local t; starttime_into t "$1" && echo "$t"; }
 alive() { local t; [ -n "$1" ] && [ -n "$2" ] && starttime_into t "$1" && [ "$t" = "$2" ]; }
 # Whether PID is on its way out though it still looks alive: exiting (PF_EXITING, 0x4, in /proc/PID/stat's flags:
 # a SIGKILLed process freeing gigabytes of memory stays there a while) or with a SIGKILL pending (SigPnd/ShdPnd bit 9).
 dying() {
-  local s k v
+  local k v
   local -a f
-  { s=$(< "/proc/$1/stat"); } 2> /dev/null || return 0
-  s=${s##*) }; read -ra f <<< "$s"
+  stat_fields_into f "$1" || return 0
   [ "${f[0]}" = Z ] || [ "${f[0]}" = X ] || (( f[6] & 4 )) && return 0
   while read -r k v; do
     case $k in SigPnd: | ShdPnd:) (( 16#$v & 0x100 )) && return 0 ;; esac
