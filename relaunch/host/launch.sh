@@ -79,13 +79,6 @@ if [ -n "$cur" ] && tmux has-session -t "=$session" 2>/dev/null; then
     tmux kill-pane -t "$lid" 2>/dev/null
     end=$(( SECONDS + 5 ))
     while tmux has-session -t "=$session" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do nap 0.01; done
-    # That may have been the server's last session: tmux then exits, and destroys as it goes a session created in that
-    # moment (the new trainer would be hung up a second after its start). Wait until it has gone or holds sessions.
-    while [ "$SECONDS" -lt "$end" ]; do
-      seen=$(tmux list-sessions -F . 2>&1) && [ -n "$seen" ] && break
-      case $seen in *"no server running"* | *"error connecting"*) break ;; esac
-      nap 0.01
-    done
   fi
 fi
 if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
@@ -117,7 +110,16 @@ printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$s
 # 9>&-: the lock is the launch's alone; a tmux server or trainer inheriting it would hold it for the whole run.
 # env -u: a pane takes the tmux server's environment, which is that of whatever first started the server; a
 # RELAUNCH_RUN or RELAUNCH_TARGET there (a server started from inside a trainer) would mark this pane as another run's process.
-tmux new-session -d -s "$session" -x 220 -y 50 env -u RELAUNCH_RUN -u RELAUNCH_TARGET bash "$run/launcher.sh" "$run" 9>&- || exit 13
+# The pane closed above, or anyone's, may have been the server's last session: tmux then exits, and destroys as it goes
+# a session created in that moment (the new trainer would be hung up a second after its start). Wait it out, and ask
+# again where the server went away under the command itself.
+for try in 1 2 3; do
+  tmux_settled 5
+  out=$(tmux new-session -d -s "$session" -x 220 -y 50 env -u RELAUNCH_RUN -u RELAUNCH_TARGET bash "$run/launcher.sh" "$run" 2>&1 9>&-) && break
+  case $out in *"server exited unexpectedly"* | *"lost server"*) [ "$try" -lt 3 ] && continue ;; esac
+  echo "tmux new-session -s $session failed: $out"
+  exit 13
+done
 # The pane that is this run's, so that a stop ends exactly it (a window the user opened beside it is not ours).
 # `=NAME:`: tmux 3.3 reads a bare `=NAME` as a pane target to nothing (empty output, exit 0).
 read -r pane_pid pane_id < <(tmux display-message -p -t "=$session:" '#{pane_pid} #{pane_id}' 2>/dev/null)

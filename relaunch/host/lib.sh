@@ -40,6 +40,16 @@ dying() {
   done < "/proc/$1/status" 2> /dev/null
   return 1
 }
+# Wait (at most SECONDS) until the tmux server either holds sessions or has gone: one that is exiting, after its last
+# session ended, destroys a session created in that moment along with the rest.
+tmux_settled() {
+  local end=$(( SECONDS + $1 )) seen
+  while [ "$SECONDS" -lt "$end" ]; do
+    seen=$(tmux list-sessions -F . 2>&1) && [ -n "$seen" ] && return 0
+    case $seen in *"no server running"* | *"error connecting"*) return 0 ;; esac
+    nap 0.01
+  done
+}
 # Sleep SECONDS without a process: a read that times out on a pipe this shell holds both ends of (never ready).
 nap() {
   [ -n "${NAP_FD-}" ] || exec {NAP_FD}<> <(:) || { sleep "$1"; return 0; }
