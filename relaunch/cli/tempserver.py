@@ -90,6 +90,7 @@ FLOW_MODULES: dict[str, tuple[str, ...]] = {
     "recover": ("relaunch.flows.recover",),
     "demo": ("relaunch.flows.recover",),
     "fleet": ("relaunch.flows.fleet",),
+    "watch": ("relaunch.flows.recover", "relaunch.flows.watch"),
     "gpus": (),
 }
 FLOW_COMMANDS = frozenset(FLOW_MODULES)

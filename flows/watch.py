@@ -1,0 +1,154 @@
+"""`relaunch watch`: a death is handed to recover-training the round it is seen, instead of at the next nightly check.
+
+One loop over every watched target (a host is reached through its one shared connection, relaunch.transport), every
+`interval_seconds`: a cheap look each (relaunch/host/pulse.sh, relaunch/watching.py), all hosts of a round at once.
+The watch itself stops nothing and judges nothing: a death it sees starts the recover-training flow, whose full check,
+locks and never-harm rules decide what happens, exactly as for `relaunch recover`. What it sees is also a Prefect
+event (`relaunch.trainer.died`, `relaunch.host.unreachable`), for the UI and for automations.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from relaunch.config import Target, load_targets
+from relaunch.errors import RelaunchError
+from relaunch.flows.outcome import emit, report_of, run_tags
+from relaunch.flows.recover import recover_training
+from relaunch.plans.watch import Pulse, parse_pulse, plan_pulse
+from relaunch.report import Report
+from relaunch.transport import run, transport_for
+from relaunch.watching import Seen, hand_over, seen
+
+
+@dataclass
+class Watched:
+    """One target as the watch keeps it between rounds."""
+
+    target: Target
+    source: Path
+    handled: str | None = None  # the run whose death was last handed over
+    unreachable: str | None = None  # why the last look failed, while it keeps failing (said once)
+    recovery: Future[Report] | None = None
+    last: Seen | None = None
+
+
+def look(target: Target) -> Pulse:
+    return parse_pulse(run(transport_for(target.host), plan_pulse(target)).stdout)
+
+
+def _recover(target: Target) -> Report:
+    """The recovery as `relaunch recover` runs it: tagged with its target and host, its report whether it Completed or
+    ended Failed (an escalation)."""
+    from prefect import tags
+
+    with tags(*run_tags(target)):
+        return report_of(recover_training(target=target, return_state=True))
+
+
+class Watch:
+    """The watch over SOURCES (target or fleet files), re-read every round: an edit is picked up, and a file that stops
+    validating is said once and watched as it last was."""
+
+    def __init__(self, sources: list[Path], say: Callable[[str], None], max_workers: int = 16):
+        self.sources, self.say = sources, say
+        self.watched: dict[str, Watched] = {}
+        self.bad: dict[Path, str] = {}
+        self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="relaunch-watch")
+        self.stopping = threading.Event()
+
+    def reload(self) -> None:
+        for source in self.sources:
+            try:
+                targets = load_targets(source)
+            except RelaunchError as exc:
+                if self.bad.get(source) != str(exc):
+                    kept = [w.target.name for w in self.watched.values() if w.source == source]
+                    self.say(f"{source}: {exc}\n  the watch goes on with {', '.join(kept) or 'nothing'} of it as last read; fix the file")
+                self.bad[source] = str(exc)
+                continue
+            if self.bad.pop(source, None) is not None:
+                self.say(f"{source}: reads again")
+            for target in targets:
+                known = self.watched.get(target.name)
+                if known is None:
+                    self.watched[target.name] = Watched(target=target, source=source)
+                    self.say(f"watching {target.name} on {target.host.label}")
+                else:
+                    known.target = target
+
+    def round(self) -> None:
+        """One look at every target without a recovery running, all at once; a death starts its recovery."""
+        self.reload()
+        free = [w for w in self.watched.values() if w.recovery is None]
+        looks = {w.target.name: self.pool.submit(look, w.target) for w in free}
+        for w in free:
+            try:
+                pulse = looks[w.target.name].result()
+            except RelaunchError as exc:
+                self._unreachable(w, exc)
+                continue
+            if w.unreachable is not None:
+                self.say(f"{w.target.name}: {w.target.host.label} answers again")
+                w.unreachable = None
+            self._judge(w, pulse)
+        for w in self.watched.values():
+            if w.recovery is not None and w.recovery.done():
+                self._recovered(w)
+
+    def _unreachable(self, w: Watched, exc: RelaunchError) -> None:
+        # Not a death: nothing is known of the run, so nothing is handed over. Said once per streak.
+        first = str(exc).splitlines()[0]
+        if w.unreachable is None:
+            self.say(f"{w.target.name}: {w.target.host.label} cannot be reached ({first}); not a death: watching on")
+            emit("relaunch.host.unreachable", w.target, None, reason=first[:300])
+        w.unreachable = first
+
+    def _judge(self, w: Watched, pulse: Pulse) -> None:
+        now = seen(pulse)
+        if now is not w.last and now is not Seen.DIED:
+            self.say(f"{w.target.name}: {now.value}" + (f" (run {pulse.run_id}, PID {pulse.pid})" if pulse.run_id else ""))
+        w.last = now
+        if not hand_over(pulse, w.handled):
+            return
+        w.handled = pulse.run_id
+        code = "none recorded" if pulse.exit_code is None else str(pulse.exit_code)
+        self.say(
+            f"{w.target.name}: the trainer of run {pulse.run_id} (PID {pulse.pid}) died, exit code {code}: recover-training starts now"
+        )
+        emit("relaunch.trainer.died", w.target, None, {"exit_code": pulse.exit_code}, run_id=pulse.run_id, exit_code=pulse.exit_code)
+        w.recovery = self.pool.submit(_recover, w.target)
+
+    def _recovered(self, w: Watched) -> None:
+        future, w.recovery = w.recovery, None
+        assert future is not None
+        try:
+            report = future.result()
+        except Exception as exc:  # noqa: BLE001 - one target's failed recovery is said; the watch goes on for the others
+            self.say(f"{w.target.name}: the recovery failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return
+        self.say(f"{w.target.name}: recovery ended {report.headline()}")
+        w.last = None  # the next look is said, whatever it is
+
+    def run(self, interval_seconds: float, rounds: int | None = None) -> None:
+        done = 0
+        while not self.stopping.is_set() and (rounds is None or done < rounds):
+            started = time.monotonic()
+            self.round()
+            done += 1
+            self.stopping.wait(max(0.0, interval_seconds - (time.monotonic() - started)))
+        self.finish()
+
+    def finish(self) -> None:
+        """Recoveries already started end (a recovery cut short would leave its host half-done); then the watch ends."""
+        for w in self.watched.values():
+            if w.recovery is not None:
+                self.say(f"{w.target.name}: waiting for its recovery to end")
+                w.recovery.result()
+                self._recovered(w)
+        self.pool.shutdown(wait=True)

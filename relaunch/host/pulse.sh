@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# shellcheck shell=bash
+# The watch's round (`relaunch watch`): only what is cheap to read of the current run: whose the state folder is, the
+# run on record, whether its trainer and its supervisor live (recorded PID and start time), its exit record, and a
+# person's stop. No log, no process table, no GPU: the full check reads those once something changed.
+# shellcheck source=lib.sh
+. ./lib.sh
+state=$1 identity=$2
+if owner=$(foreign_state "$state" "$identity"); then echo "foreign $owner"; exit 0; fi
+run_id=$(current_run "$state") || run_id=''
+echo "run_id $run_id"
+[ -e "$state/stopped" ] && echo "stopped 1"
+[ -n "$run_id" ] || exit 0
+run=$(run_folder "$state" "$run_id")
+pid='' pstart='' spid='' sstart='' exit_code=''
+read_pid "$run/pid" pid pstart
+read_pid "$run/supervisor_pid" spid sstart
+slurp exit_code "$run/exit_code"
+echo "pid $pid"
+echo "pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
+echo "supervisor_alive $(alive "$spid" "$sstart" && echo 1 || echo 0)"
+echo "exit_code $exit_code"

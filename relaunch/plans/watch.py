@@ -1,0 +1,43 @@
+"""The host command of the watch's look (relaunch/host/pulse.sh) and its parser; pure, no Prefect."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from relaunch.commands import Command, script
+from relaunch.config import Target
+from relaunch.host import host_script
+from relaunch.runfiles import number_or_none, state_identity
+
+
+class Pulse(BaseModel):
+    """One cheap look at a target's current run."""
+
+    run_id: str | None = Field(None, description="The run on record; None: never launched.")
+    pid: int | None = Field(None, description="Its recorded trainer PID.")
+    pid_alive: bool = Field(False, description="The recorded PID lives with its recorded start time.")
+    supervisor_alive: bool = Field(False, description="The run's supervisor, which records the trainer's exit code, lives.")
+    exit_code: int | None = Field(None, description="The exit record, once the supervisor wrote it.")
+    stopped: bool = Field(False, description="A person stopped the target (`relaunch stop`, or tmux kill-session).")
+    foreign: str | None = Field(None, description="The state folder is another target's (its identity): never acted on.")
+
+
+def plan_pulse(target: Target) -> Command:
+    """The host command of one look (relaunch/host/pulse.sh): a few file reads and two /proc reads."""
+    return script(host_script("pulse"), target.state_path, state_identity(target), label="watch look", timeout_seconds=30)
+
+
+def parse_pulse(stdout: str) -> Pulse:
+    fields: dict[str, str] = {}
+    for line in stdout.splitlines():
+        key, _, value = line.partition(" ")
+        fields[key] = value.strip()
+    return Pulse(
+        run_id=fields.get("run_id") or None,
+        pid=number_or_none(fields.get("pid"), int),
+        pid_alive=fields.get("pid_alive") == "1",
+        supervisor_alive=fields.get("supervisor_alive") == "1",
+        exit_code=number_or_none(fields.get("exit_code"), int),
+        stopped=fields.get("stopped") == "1",
+        foreign=fields.get("foreign") or None,
+    )

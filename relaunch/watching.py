@@ -1,0 +1,44 @@
+"""What the watch (`relaunch watch`) makes of one cheap look at a target's run: pure, no Prefect, no host.
+
+A look (relaunch/host/pulse.sh) reads only the run on record, whether its recorded trainer and supervisor live, its
+exit record and a person's stop. The watch never stops anything and never judges a run by itself: a death it sees
+hands the target to the recover-training flow, whose full check judges it with all the evidence and whose locks and
+never-harm rules hold as for any recovery. What is decided here is only whether to hand it over now.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from relaunch.plans.watch import Pulse
+
+
+class Seen(str, Enum):
+    """What one look means to the watch."""
+
+    RUNNING = "running"  # the trainer on record lives
+    IDLE = "idle"  # nothing to watch: never launched, stopped by a person, or the state folder is another target's
+    DYING = "dying"  # the trainer is gone and its supervisor is still recording its exit: look again next round
+    DIED = "died"  # the trainer on record is gone, its exit recorded (or no one left to record it): hand it over
+
+    def hands_over(self) -> bool:
+        return self is Seen.DIED
+
+
+def seen(pulse: Pulse) -> Seen:
+    """The look read as the watch reads it. A death it hands over is judged again by the recovery's full check: a run
+    that finished, or one a person ends later, is left alone there."""
+    if pulse.foreign or pulse.run_id is None or pulse.stopped:
+        return Seen.IDLE
+    if pulse.pid_alive:
+        return Seen.RUNNING
+    if pulse.exit_code is None and pulse.supervisor_alive:
+        return Seen.DYING
+    return Seen.DIED
+
+
+def hand_over(pulse: Pulse, handled: str | None) -> bool:
+    """Whether this look starts a recovery: a death of a run not handed over before (`handled`: the run id of the last
+    death this watch handed over). A recovery that ended without a new run (finished, escalated) is not started again
+    for the same death every round; the next run's death is."""
+    return seen(pulse).hands_over() and pulse.run_id != handled

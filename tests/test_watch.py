@@ -1,0 +1,163 @@
+"""`relaunch watch`: a death is handed to recover-training the round it is seen; nothing else ever is, and the watch
+itself stops nothing. The reading of a look is generated; the loop runs on real trainers in tmux."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relaunch.config import Host
+from relaunch.flows.watch import Watch, look
+from relaunch.plans.watch import Pulse
+from relaunch.tasks.launch import launch
+from relaunch.tasks.stop import stop
+from relaunch.testing.faults import wait_for
+from relaunch.testing.targets import current, runs, shell_target, stop_all, wait_for_exit
+from relaunch.vocabulary import Verdict
+from relaunch.watching import Seen, hand_over, seen
+
+pulses = st.builds(
+    Pulse,
+    run_id=st.one_of(st.none(), st.sampled_from(["r1", "r2"])),
+    pid=st.one_of(st.none(), st.integers(1, 1 << 22)),
+    pid_alive=st.booleans(),
+    supervisor_alive=st.booleans(),
+    exit_code=st.one_of(st.none(), st.integers(0, 255)),
+    stopped=st.booleans(),
+    foreign=st.one_of(st.none(), st.just("other llama /repo s")),
+)
+
+
+@given(pulses, st.one_of(st.none(), st.sampled_from(["r1", "r2"])))
+def test_a_look_hands_over_only_a_death_of_a_run_not_handed_over_before(pulse, handled):
+    handed = hand_over(pulse, handled)
+    if pulse.pid_alive or pulse.stopped or pulse.foreign or pulse.run_id is None:
+        assert not handed, "a live trainer, a person's stop, another target's folder or nothing on record: never"
+    elif pulse.exit_code is None and pulse.supervisor_alive:
+        assert seen(pulse) is Seen.DYING and not handed, "its supervisor is still recording the exit: next round"
+    else:
+        assert handed == (pulse.run_id != handled), "every death once, and only once"
+
+
+def write_target(path: Path, target) -> Path:
+    path.write_text(yaml.safe_dump(target.model_dump(mode="json")))
+    return path
+
+
+@pytest.fixture
+def lines() -> list[str]:
+    return []
+
+
+def test_a_sigkilled_trainer_is_recovered_by_the_watch_the_round_its_death_is_seen(tmp_path, prefect_harness, lines):
+    target = shell_target(tmp_path)
+    source = write_target(tmp_path / "target.yaml", target)
+    first, _ = launch.fn(target, 1)
+    watch = Watch([source], lines.append)
+    try:
+        watch.round()
+        assert watch.watched[target.name].last is Seen.RUNNING and watch.watched[target.name].recovery is None, lines
+        os.kill(first.pid, signal.SIGKILL)
+        wait_for(lambda: (watch.round(), watch.watched[target.name].recovery)[1], 60, "the watch to hand the death over", interval=0.2)
+        report = watch.watched[target.name].recovery.result(timeout=300)
+        watch.finish()
+        assert report.ok and report.verdict is Verdict.HEALTHY, report.timeline()
+        assert current(target) != first.run_id and len(runs(target)) == 2, lines
+        assert any("died" in line and first.run_id in line for line in lines), lines
+    finally:
+        stop_all(target)
+
+
+def test_a_run_a_person_stopped_or_one_never_launched_is_never_handed_over(tmp_path, prefect_harness, lines):
+    stopped, idle = shell_target(tmp_path / "a", name="stopped"), shell_target(tmp_path / "b", name="idle")
+    sources = [write_target(tmp_path / "a.yaml", stopped), write_target(tmp_path / "b.yaml", idle)]
+    launch.fn(stopped, 1)
+    try:
+        stop.fn(stopped, deliberate=True)
+        wait_for_exit(stopped)
+        watch = Watch(sources, lines.append)
+        for _ in range(3):
+            watch.round()
+        assert all(w.recovery is None for w in watch.watched.values()), lines
+        assert {w.last for w in watch.watched.values()} == {Seen.IDLE}
+        watch.finish()
+        assert len(runs(stopped)) == 1 and not runs(idle), "nothing launched"
+    finally:
+        stop_all(stopped, idle)
+
+
+def test_a_target_file_that_stops_validating_is_said_once_and_the_target_watched_as_it_last_was(tmp_path, prefect_harness, lines):
+    target = shell_target(tmp_path)
+    source = write_target(tmp_path / "target.yaml", target)
+    watch = Watch([source], lines.append)
+    watch.round()
+    source.write_text(source.read_text().replace("launch_command:", "lanch_command:"))
+    watch.round()
+    watch.round()
+    said = [line for line in lines if str(source) in line]
+    assert len(said) == 1 and "lanch_command" in said[0] and target.name in said[0], lines
+    assert target.name in watch.watched and watch.watched[target.name].last is Seen.IDLE
+    write_target(source, target)
+    watch.round()
+    watch.finish()
+    assert any("reads again" in line for line in lines), lines
+
+
+def test_a_host_that_cannot_be_reached_is_no_death_and_is_said_once_per_streak(tmp_path, prefect_harness, lines):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: every connection is refused
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    away = shell_target(tmp_path, host=Host(kind="ssh", hostname="127.0.0.1", port=port, user="root", known_hosts_path=str(known)))
+    watch = Watch([write_target(tmp_path / "away.yaml", away)], lines.append)
+    watch.round()
+    watch.round()
+    watch.finish()
+    assert watch.watched[away.name].recovery is None and watch.watched[away.name].unreachable, lines
+    assert sum("cannot be reached" in line for line in lines) == 1, lines
+
+
+def test_a_look_reads_the_recorded_trainer_alive_then_dead_with_its_exit_record(tmp_path):
+    target = shell_target(tmp_path)
+    assert look(target).run_id is None
+    detail, _ = launch.fn(target, 1)
+    try:
+        alive = look(target)
+        assert (alive.run_id, alive.pid, alive.pid_alive) == (detail.run_id, detail.pid, True)
+        os.kill(detail.pid, signal.SIGKILL)
+        wait_for_exit(target)
+        dead = wait_for(lambda: (p := look(target)).exit_code is not None and p, 30, "the exit record")
+        assert not dead.pid_alive and dead.exit_code == 137 and seen(dead) is Seen.DIED
+    finally:
+        stop_all(target)
+
+
+def test_relaunch_watch_as_typed_watches_for_its_rounds_and_refuses_a_file_that_is_not_there(tmp_path):
+    import subprocess
+    import sys
+
+    exe = str(Path(sys.executable).parent / "relaunch")
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), DO_NOT_TRACK="1")
+    source = write_target(tmp_path / "target.yaml", shell_target(tmp_path / "t"))
+    ok = subprocess.run(
+        [exe, "watch", str(source), "--rounds", "2", "--interval-seconds", "0.5"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert ok.returncode == 0 and "watching t on local" in ok.stdout and "t: idle" in ok.stdout, ok.stdout + ok.stderr
+    missing = subprocess.run(
+        [exe, "watch", str(tmp_path / "nope.yaml"), "--rounds", "1"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+    assert missing.returncode == 2 and "nope.yaml" in missing.stderr, missing.stdout + missing.stderr
