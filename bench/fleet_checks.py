@@ -169,7 +169,7 @@ def measure(targets, max_concurrent: int, connections: str | None = None) -> dic
 def stop_all(targets) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from relaunch.tasks.stop import plan_stop
+    from relaunch.plans.stop import plan_stop
     from relaunch.transport import run, transport_for
 
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -159,7 +159,7 @@ def prefect_server(home: Path) -> Iterator[str]:
 
 def stop_everything(target: Any) -> None:
     """The trainer by relaunch's records, and whatever the script started in the session."""
-    from relaunch.tasks.stop import plan_stop
+    from relaunch.plans.stop import plan_stop
     from relaunch.transport import run, transport_for
 
     panes = subprocess.run(["tmux", "list-panes", "-t", f"={SESSION}", "-F", "#{pane_pid}"], capture_output=True, text=True)

@@ -28,10 +28,10 @@ from typing import Any
 from relaunch import runlayout
 from relaunch.config import Host, Node, Target, Thresholds
 from relaunch.gang import gang_run_id, node_targets, working_nodes
+from relaunch.plans.stop import plan_stop
 from relaunch.runfiles import new_run_id
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
-from relaunch.tasks.stop import plan_stop
 from relaunch.transport import close_all, run, transport_for
 from relaunch.vocabulary import Verdict
 

@@ -17,11 +17,11 @@ from relaunch.checkpoints import Choice, step_of
 from relaunch.config import Target
 from relaunch.demo.target import GOOD_PINS, Device, base_pins, build_repo, make_target, wheelhouse
 from relaunch.demo.wheels import build_all
+from relaunch.plans.rebuild_venv import plan_create
+from relaunch.plans.stop import plan_stop
+from relaunch.plans.warm_cache import plan_warm
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
-from relaunch.tasks.rebuild_venv import plan_create
-from relaunch.tasks.stop import plan_stop
-from relaunch.tasks.warm_cache import plan_warm
 from relaunch.transport import local_env, run, transport_for
 from relaunch.vocabulary import Cause, Verdict
 

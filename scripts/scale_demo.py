@@ -957,7 +957,7 @@ def _stop_trainers(targets: list[Any]) -> None:
     """Every trainer on the hosts, by its records (relaunch's own stop); what is left dies with its namespace."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from relaunch.tasks.stop import plan_stop
+    from relaunch.plans.stop import plan_stop
     from relaunch.transport import run, transport_for
 
     def stop(t: Any) -> None:

@@ -13,11 +13,11 @@ import re
 from relaunch.commands import script
 from relaunch.config import Target
 from relaunch.host import host_script
+from relaunch.plans.rebuild_venv import installer_flags
 from relaunch.runfiles import utc_stamp
 from relaunch.snapshot import HealthSnapshot
 from relaunch.steps import StacksDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
-from relaunch.tasks.rebuild_venv import installer_flags
 from relaunch.vocabulary import Step
 
 TOP_FRAMES = 3

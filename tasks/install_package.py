@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-from relaunch.commands import Command
 from relaunch.config import Target
+from relaunch.plans.install_package import plan_install
 from relaunch.steps import InstallDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
-from relaunch.tasks.leftovers import stop_earlier_try, tracked
-from relaunch.tasks.rebuild_venv import installer_flags
+from relaunch.tasks.leftovers import stop_earlier_try
 from relaunch.vocabulary import Step
-
-
-def plan_install(target: Target, package: str) -> Command:
-    py = f"{target.venv_dir}/bin/python"
-    return tracked(
-        target,
-        Command(
-            ("uv", "pip", "install", "--python", py, "--compile-bytecode", *installer_flags(target), package),
-            label=f"uv pip install {package}",
-            timeout_seconds=1800,
-        ),
-    )
 
 
 @step_task("install_package")

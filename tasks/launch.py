@@ -5,16 +5,7 @@ from __future__ import annotations
 from relaunch.checkpoints import Choice, choose, read_listing
 from relaunch.config import Target
 from relaunch.errors import CheckpointUnusable
-from relaunch.plans.launch import (  # noqa: F401 - re-exported: callers import these from here
-    LAUNCH,
-    LAUNCHER,
-    LIST_CHECKPOINTS,
-    PID_WAIT_SECONDS,
-    SUPERVISOR,
-    plan_launch,
-    plan_list_checkpoints,
-    skipped_path,
-)
+from relaunch.plans.launch import plan_launch, plan_list_checkpoints
 from relaunch.runfiles import log_path, new_run_id
 from relaunch.steps import LaunchDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed

@@ -12,12 +12,7 @@ from __future__ import annotations
 from prefect.context import TaskRunContext
 
 from relaunch.config import Target
-from relaunch.plans.leftovers import (  # noqa: F401 - re-exported: callers import these from here
-    REAP,
-    inflight_dir,
-    plan_reap,
-    tracked,
-)
+from relaunch.plans.leftovers import plan_reap
 from relaunch.steps import LeftoversDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
 from relaunch.vocabulary import Step

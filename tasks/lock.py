@@ -17,29 +17,16 @@ from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import HostBusy
 from relaunch.host import host_script
+from relaunch.plans.lock import lock_path, plan_acquire
 from relaunch.tasks.common import execute, log
 
-STALE_SECONDS = 600
 HEARTBEAT_SECONDS = 60
-
-# Prints "acquired", or "held: OWNER LINE" and the heartbeat age with exit 9. Taking over is decided
-# under flock, so racing recoveries cannot both win: a stale heartbeat, or exactly the owner line the
-# orchestrator found dead (only it can check its own machine's PIDs).
-ACQUIRE = host_script("lock_acquire")
 
 RELEASE = host_script("lock_release")
 
 
-def lock_path(target: Target) -> str:
-    return f"{target.state_path}/lock.d"
-
-
 def owner_line(flow_run: str = "") -> str:
     return f"{socket.gethostname()} {os.getpid()} {flow_run or '-'}"
-
-
-def plan_acquire(target: Target, owner: str, dead_owner: str = "") -> Command:
-    return script(ACQUIRE, lock_path(target), owner, str(STALE_SECONDS), dead_owner, label="take the target lock")
 
 
 def dead_local_owner(output: str) -> str:

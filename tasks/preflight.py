@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from relaunch.config import Target
 from relaunch.errors import PreflightFailed
-from relaunch.plans.preflight import (  # noqa: F401 - re-exported: callers import these from here
-    PREFLIGHT,
-    plan_preflight,
-    problems_in,
-)
+from relaunch.plans.preflight import plan_preflight, problems_in
 from relaunch.steps import PreflightDetail, StepRecord
 from relaunch.tasks.common import execute, step_task, timed
 from relaunch.vocabulary import Step

@@ -24,30 +24,18 @@ from __future__ import annotations
 from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import PreflightFailed, is_transient
-from relaunch.plans.rebuild_venv import (  # noqa: F401 - re-exported: callers import these from here
-    BUILDING_MARKER,
+from relaunch.plans.rebuild_venv import (
     BUILT_RECORD,
-    CREATE,
-    IMAGE_PROBE,
-    IMPORT_CHECK,
-    INTERPRETER_SITE,
-    LIST_SIBLINGS,
-    MARK,
-    MOVE_ASIDE,
     PUT_BACK,
     REMOVE_OLD,
     aside_path,
     drift,
     image_view,
-    installer_flags,
     lock_problems,
-    network_lines,
     old_venvs_to_remove,
     parse_pins,
     plan_build,
-    plan_create,
     plan_mark,
-    plan_rebuild,
     plan_swap,
 )
 from relaunch.runfiles import utc_stamp

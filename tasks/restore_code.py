@@ -9,11 +9,7 @@ it stops the run.
 from __future__ import annotations
 
 from relaunch.config import Target
-from relaunch.plans.restore_code import (  # noqa: F401 - re-exported: callers import these from here
-    MID_OPERATION_EXIT,
-    RESTORE,
-    plan_restore,
-)
+from relaunch.plans.restore_code import plan_restore
 from relaunch.steps import RestoreDetail, StepRecord
 from relaunch.tasks.common import execute, step_task, timed
 from relaunch.vocabulary import Step

@@ -6,27 +6,13 @@ venvs that rebuild_venv moved aside) are candidates; a half-built `.incomplete-*
 
 from __future__ import annotations
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
-from relaunch.host import host_script
+from relaunch.plans.rollback_venv import parse_rollback, plan_rollback
 from relaunch.runfiles import utc_stamp
 from relaunch.steps import RollbackDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
 from relaunch.tasks.lock import target_lock
 from relaunch.vocabulary import Step
-
-# Refuse under a live trainer (it has the venv's files open); otherwise swap, putting the current one back on failure.
-ROLLBACK = host_script("rollback_venv")
-
-
-def plan_rollback(target: Target, stamp: str) -> Command:
-    """The one host command of a rollback; every value reaches the script as a positional argument."""
-    return script(ROLLBACK, target.venv_dir, stamp, target.state_path, label="roll the venv back", timeout_seconds=300)
-
-
-def parse_rollback(stdout: str) -> dict[str, str | None]:
-    fields = dict(line.split(" ", 1) for line in stdout.splitlines() if line.startswith(("kept ", "restored ")))
-    return {"restored_from": fields.get("restored"), "rolled_back_to": fields.get("kept")}
 
 
 @step_task("rollback_venv")

@@ -4,11 +4,7 @@ SIGKILL), its own tmux pane only; bounded wait for GPU release. A person's stop 
 from __future__ import annotations
 
 from relaunch.config import Target
-from relaunch.plans.stop import (  # noqa: F401 - re-exported: callers import these from here
-    STOP_OVERHEAD_SECONDS,
-    parse_stop,
-    plan_stop,
-)
+from relaunch.plans.stop import parse_stop, plan_stop
 from relaunch.steps import StepRecord
 from relaunch.tasks.common import execute, step_task, timed
 from relaunch.vocabulary import Step

@@ -11,19 +11,7 @@ from __future__ import annotations
 from relaunch.commands import Command
 from relaunch.config import Target
 from relaunch.errors import CommandFailed
-from relaunch.plans.warm_cache import (  # noqa: F401 - re-exported: callers import these from here
-    CACHE_ENTRY,
-    CACHE_MARKER,
-    MOVE_ASIDE,
-    REMOVE_ASIDE,
-    SIZE,
-    WARMING_MARKER,
-    WARMUP_TIMEOUT_SECONDS,
-    foreign_entries,
-    parse_aside,
-    plan_remove_aside,
-    plan_warm,
-)
+from relaunch.plans.warm_cache import foreign_entries, parse_aside, plan_remove_aside, plan_warm
 from relaunch.runfiles import utc_stamp
 from relaunch.steps import StepRecord, WarmDetail
 from relaunch.tasks.common import Progress, artifact_key, execute, log, step_task, timed

@@ -15,9 +15,10 @@ import pytest
 
 from relaunch.demo.wheels import write_wheel
 from relaunch.errors import CommandFailed, PreflightFailed
+from relaunch.plans.rebuild_venv import BUILDING_MARKER, BUILT_RECORD, aside_path, lock_problems, network_lines
 from relaunch.tasks.install_package import install_package
 from relaunch.tasks.launch import launch
-from relaunch.tasks.rebuild_venv import BUILDING_MARKER, BUILT_RECORD, aside_path, build_venv, lock_problems, network_lines, rebuild_venv
+from relaunch.tasks.rebuild_venv import build_venv, rebuild_venv
 from relaunch.tasks.stop import stop
 from relaunch.testing.faults import making, start_time, wait_for
 from relaunch.testing.targets import current_log, shell_target

@@ -24,12 +24,14 @@ from relaunch.demo.target import git
 from relaunch.demo.wheels import write_wheel
 from relaunch.errors import CommandFailed, HostBusy, PreflightFailed
 from relaunch.flows.recover import recover_training
+from relaunch.plans.lock import lock_path
+from relaunch.plans.rebuild_venv import BUILDING_MARKER
+from relaunch.plans.rollback_venv import plan_rollback
 from relaunch.report import Report
 from relaunch.steps import LaunchDetail
 from relaunch.tasks.launch import launch
-from relaunch.tasks.lock import lock_path
-from relaunch.tasks.rebuild_venv import BUILDING_MARKER, rebuild_venv
-from relaunch.tasks.rollback_venv import plan_rollback, rollback_venv
+from relaunch.tasks.rebuild_venv import rebuild_venv
+from relaunch.tasks.rollback_venv import rollback_venv
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
 from relaunch.testing.faults import (

@@ -25,9 +25,10 @@ from relaunch.config import Target, Thresholds
 from relaunch.diagnosis import diagnose
 from relaunch.flows.recover import recover_training
 from relaunch.hardware import human_size
+from relaunch.plans.launch import skipped_path
 from relaunch.report import Report
 from relaunch.tasks.health import collect_snapshot
-from relaunch.tasks.launch import launch, skipped_path
+from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
 from relaunch.testing.faults import LOST, MID_STEP, bin_without, case, live_trainers, making, reap, sha256, tmpfs, tree, wait_for
 from relaunch.testing.sshd import cannot_run_here

@@ -17,8 +17,9 @@ import torch
 from relaunch.config import Target
 from relaunch.demo.scenarios import prepare
 from relaunch.demo.target import GPU_THRESHOLDS
+from relaunch.plans.rebuild_venv import parse_pins, plan_rebuild
 from relaunch.steps import RebuildDetail
-from relaunch.tasks.rebuild_venv import parse_pins, plan_rebuild, rebuild_venv
+from relaunch.tasks.rebuild_venv import rebuild_venv
 from relaunch.tasks.stop import stop
 from relaunch.testing.targets import shell_target
 from tests.test_cli import typed

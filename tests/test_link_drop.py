@@ -23,8 +23,8 @@ import pytest
 
 from relaunch.config import Target
 from relaunch.flows.recover import recover_training
+from relaunch.plans.rebuild_venv import BUILDING_MARKER, BUILT_RECORD
 from relaunch.report import Report
-from relaunch.tasks.rebuild_venv import BUILDING_MARKER, BUILT_RECORD
 from relaunch.testing.faults import MID_STEP, ONE, big_wheel, case, live_supervisor_groups, live_trainers, reap, start_time, wait_for
 from relaunch.testing.netns import Fleet, fleet_of_hosts
 from relaunch.testing.targets import finished, runs, shell_target, step_detail

@@ -81,8 +81,8 @@ def stop_all(*targets: Target) -> None:
     """Stop every trainer a test started, even when one stop complains, then check none is left."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from relaunch.plans.stop import plan_stop
     from relaunch.tasks.health import collect_snapshot
-    from relaunch.tasks.stop import plan_stop
     from relaunch.transport import run, transport_for
 
     with ThreadPoolExecutor(max_workers=8) as pool:
