@@ -12,9 +12,7 @@ from relaunch.cli.root import app, errors
 
 @app.command()
 def watch(
-    files: list[Path] = typer.Argument(
-        ..., metavar="FILE", help="Target or fleet YAML files, re-read every round (an edit is picked up)."
-    ),
+    files: list[Path] = typer.Argument(..., metavar="FILE", help="Target or fleet YAML files, re-read every round (an edit is picked up)."),
     interval_seconds: float = typer.Option(10.0, "--interval-seconds", min=0.5, help="Seconds between two looks at a target."),
     rounds: int | None = typer.Option(None, "--rounds", min=1, help="Stop after this many rounds (default: until Ctrl-C or SIGTERM)."),
 ) -> None:
