@@ -29,6 +29,7 @@ def attempt_from(number: int, health: HealthResult, action: Action, why: str) ->
         metrics=d.metrics,
         observation=health.observation,
         nodes=health.nodes,
+        repo_dir_missing=d.repo_dir_missing,
     )
 
 

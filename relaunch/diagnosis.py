@@ -110,6 +110,9 @@ class Diagnosis(BaseModel):
         "window, its stacks not yet sampled): the verdict stands for now and stops nothing.",
     )
     want_stacks: bool = Field(False, description="The next poll should sample the tree's Python stacks (quiet log, busy tree).")
+    repo_dir_missing: str | None = Field(
+        None, description="The target's repo_dir, where the host has no such folder and nothing is on record: a target to fix, not a run."
+    )
 
     @property
     def settled(self) -> bool:
@@ -460,6 +463,7 @@ def diagnose(
                 summary=f"no trainer on record, and repo_dir {snap.repo_dir_missing} does not exist on {snap.host}: nothing can be launched from it",
                 evidence=["no launch recorded and no tmux session", "repo_dir missing: set repo_dir to the clone, or clone it there"],
                 metrics=metrics,
+                repo_dir_missing=snap.repo_dir_missing,
             )
         return Diagnosis(
             verdict=Verdict.UNKNOWN, summary="no trainer on record", evidence=["no launch recorded and no tmux session"], metrics=metrics

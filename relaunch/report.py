@@ -31,6 +31,7 @@ class Attempt(BaseModel):
         None, description="The health check before it, as goodput reads it: when, and what it saw of the step lines."
     )
     nodes: list[NodeHealth] = Field(default_factory=list, description="A run of several nodes: each node as that check found it.")
+    repo_dir_missing: str | None = Field(None, description="The target's repo_dir, where the check found no such folder on the host.")
 
 
 class Report(BaseModel):

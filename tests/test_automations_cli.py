@@ -43,7 +43,8 @@ def test_automations_sync_puts_the_shipped_automations_on_the_configured_server_
     assert all(names.count(name) == 1 for name in shipped), names
 
 
-def test_automations_sync_without_a_configured_server_refuses_and_says_where_to_point_it(tmp_path):
+def test_automations_sync_without_a_configured_server_refuses_says_where_to_point_it_and_names_itself_to_run_again(tmp_path):
     result = relaunch(["automations", "sync"], tmp_path, None)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "no Prefect API is configured" in result.stderr and "PREFECT_API_URL" in result.stderr, result.stderr
+    assert "then run `relaunch automations sync` again" in result.stderr and "deploy again" not in result.stderr, result.stderr

@@ -23,7 +23,7 @@ def _run(command: str, file: Path | None, paused_record: Path | None) -> None:
     from relaunch.cli.deploy import require_api
 
     with errors():
-        require_api()  # on a temporary server they would vanish with it
+        require_api(f"automations {command}")  # on a temporary server they would vanish with it
     argv = [command, *(["--file", str(file)] if file else []), *(["--paused-record", str(paused_record)] if paused_record else [])]
     raise typer.Exit(main(argv))
 

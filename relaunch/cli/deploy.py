@@ -56,8 +56,10 @@ def deployment_names(name: str) -> tuple[str, str]:
     return f"check-training/nightly-{name}", f"recover-training/{name}"
 
 
-def require_api() -> str:
-    """The configured Prefect API; deploying onto a temporary server would vanish with it, so none is refused."""
+def require_api(command: str) -> str:
+    """The configured Prefect API; deploying onto a temporary server would vanish with it, so none is refused.
+
+    `command`: the relaunch command that asked (`deploy`, `automations sync`), named in the advice."""
     from prefect.settings import get_current_settings
 
     url = get_current_settings().api.url
@@ -65,7 +67,7 @@ def require_api() -> str:
         raise ConfigError(
             "no Prefect API is configured, and deployments on a temporary server vanish with it\n"
             "  what to do: point PREFECT_API_URL at your server (e.g. export PREFECT_API_URL=http://127.0.0.1:4200/api; "
-            "`relaunch services --systemd` writes units that run one), then deploy again"
+            f"`relaunch services --systemd` writes units that run one), then run `relaunch {command}` again"
         )
     return url
 
@@ -82,7 +84,7 @@ def deploy(target: Target, source: Path, cron: str, timezone: str, pool: str, sa
     from relaunch.flows.outcome import run_tags
     from relaunch.flows.recover import host_limit_name, recover_training
 
-    require_api()
+    require_api("deploy")
     try:
         schedule = CronSchedule(cron=cron, timezone=timezone)
     except ValueError as exc:
@@ -192,7 +194,7 @@ def undeploy(name: str, say: Callable[[str], None]) -> list[str]:
     relaunch deployment names that host, and the nightly check's dead-man alarm with it (else it would tell a person,
     every day, that a check nobody wants did not run). Runs already going finish; the other automations stay (they
     serve every target)."""
-    require_api()
+    require_api("undeploy")
     return asyncio.run(_undeploy(name, say))
 
 

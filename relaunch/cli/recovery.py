@@ -142,18 +142,14 @@ def check(
 
 
 def _missing_repo(target: Any, report: Any) -> str | None:
-    """Nothing on record (`unknown`) where repo_dir is not a folder on the host: a target file that names the wrong
-    place, said as that (exit 2) rather than as a run to launch. One `test -d` on the host, only then."""
-    from relaunch.commands import Command
-    from relaunch.transport import run, transport_for
+    """Nothing on record (`unknown`) where the check found repo_dir is not a folder on the host: a target file that
+    names the wrong place, said as that (exit 2) rather than as a run to launch."""
     from relaunch.vocabulary import Verdict
 
-    if target.nodes or report.verdict is not Verdict.UNKNOWN:
+    last = report.attempts[-1] if report.attempts else None
+    if report.verdict is not Verdict.UNKNOWN or last is None or not last.repo_dir_missing:
         return None
-    probe = Command(argv=("test", "-d", target.repo_dir), timeout_seconds=30, label="is repo_dir a folder")
-    if run(transport_for(target.host), probe, check=False).exit_code == 0:
-        return None
-    return f"repo_dir {target.repo_dir} is not a folder on {target.host.label}: there is no training code to check or launch"
+    return f"repo_dir {last.repo_dir_missing} is not a folder on {target.host.label}: there is no training code to check or launch"
 
 
 @app.command()
