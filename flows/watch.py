@@ -2,6 +2,8 @@
 
 One loop over every watched target (a host is reached through its one shared connection, relaunch.transport), every
 `interval_seconds`: a cheap look each (relaunch/host/pulse.sh, relaunch/watching.py), all hosts of a round at once.
+A round judges the looks that came back within it; a host slow to answer (one that hangs until its connect timeout)
+keeps its own look out across rounds and holds no other host's.
 The watch itself stops nothing and judges nothing: a death it sees starts the recover-training flow, whose full check,
 locks and never-harm rules decide what happens, exactly as for `relaunch recover`. What it sees is also a Prefect
 event (`relaunch.trainer.died`, `relaunch.host.unreachable`), for the UI and for automations.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,8 @@ class Watched:
     handled: str | None = None  # the run whose death was last handed over
     unreachable: str | None = None  # why the last look failed, while it keeps failing (said once)
     recovery: Future[Report] | None = None
+    looking: Future[Pulse] | None = None  # the look still out (a host slow to answer keeps it across rounds)
+    slow: bool = False  # that it is slow was said, for this look
     last: Seen | None = None
 
 
@@ -82,24 +86,36 @@ class Watch:
                 else:
                     known.target = target
 
-    def round(self) -> None:
-        """One look at every target without a recovery running, all at once; a death starts its recovery."""
+    def round(self, wait_seconds: float = 30.0) -> None:
+        """A look at every target with no look or recovery out, all at once; the looks back within `wait_seconds` are
+        judged (a death starts its recovery), the rest stay out for a later round."""
         self.reload()
-        free = [w for w in self.watched.values() if w.recovery is None]
-        looks = {w.target.name: self.pool.submit(look, w.target) for w in free}
-        for w in free:
-            try:
-                pulse = looks[w.target.name].result()
-            except RelaunchError as exc:
-                self._unreachable(w, exc)
-                continue
-            if w.unreachable is not None:
-                self.say(f"{w.target.name}: {w.target.host.label} answers again")
-                w.unreachable = None
-            self._judge(w, pulse)
         for w in self.watched.values():
+            if w.recovery is None and w.looking is None:
+                w.looking, w.slow = self.pool.submit(look, w.target), False
+        out = [w.looking for w in self.watched.values() if w.looking is not None]
+        wait(out, timeout=wait_seconds)
+        for w in self.watched.values():
+            if w.looking is not None and w.looking.done():
+                self._looked(w)
+            elif w.looking is not None and not w.slow:
+                w.slow = True
+                self.say(f"{w.target.name}: {w.target.host.label} has not answered within {wait_seconds:.0f} s; the others are watched on")
             if w.recovery is not None and w.recovery.done():
                 self._recovered(w)
+
+    def _looked(self, w: Watched) -> None:
+        future, w.looking = w.looking, None
+        assert future is not None
+        try:
+            pulse = future.result()
+        except RelaunchError as exc:
+            self._unreachable(w, exc)
+            return
+        if w.unreachable is not None:
+            self.say(f"{w.target.name}: {w.target.host.label} answers again")
+            w.unreachable = None
+        self._judge(w, pulse)
 
     def _unreachable(self, w: Watched, exc: RelaunchError) -> None:
         # Not a death: nothing is known of the run, so nothing is handed over. Said once per streak.
@@ -139,7 +155,7 @@ class Watch:
         done = 0
         while not self.stopping.is_set() and (rounds is None or done < rounds):
             started = time.monotonic()
-            self.round()
+            self.round(wait_seconds=interval_seconds)
             done += 1
             self.stopping.wait(max(0.0, interval_seconds - (time.monotonic() - started)))
         self.finish()
@@ -151,4 +167,5 @@ class Watch:
                 self.say(f"{w.target.name}: waiting for its recovery to end")
                 w.recovery.result()
                 self._recovered(w)
-        self.pool.shutdown(wait=True)
+        # A look still out ends by its own timeouts (connect, command); nothing waits on what it would say.
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -125,6 +125,35 @@ def test_a_host_that_cannot_be_reached_is_no_death_and_is_said_once_per_streak(t
     assert sum("cannot be reached" in line for line in lines) == 1, lines
 
 
+def test_a_host_that_hangs_holds_only_its_own_look_and_a_death_elsewhere_is_handed_over_meanwhile(tmp_path, prefect_harness, lines):
+    # A host that takes the connection and never says a word (a wedged sshd, a half-dead NIC): each look hangs
+    # until its connect timeout.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    host = Host(kind="ssh", hostname="127.0.0.1", port=silent.getsockname()[1], user="root", known_hosts_path=str(known), connect_timeout_seconds=20)
+    hung = shell_target(tmp_path / "hung", name="hung", host=host)
+    local = shell_target(tmp_path / "local", name="local")
+    first, _ = launch.fn(local, 1)
+    watch = Watch([write_target(tmp_path / "hung.yaml", hung), write_target(tmp_path / "local.yaml", local)], lines.append)
+    try:
+        watch.round(wait_seconds=1)
+        assert watch.watched["local"].last is Seen.RUNNING, lines
+        assert watch.watched["hung"].looking is not None and sum("has not answered" in line for line in lines) == 1, lines
+        os.kill(first.pid, signal.SIGKILL)
+        wait_for(lambda: (watch.round(wait_seconds=1), watch.watched["local"].recovery)[1], 15, "the death to be handed over", interval=0.2)
+        assert not watch.watched["hung"].looking.done(), "the hung host's first look is still out: it held nothing"
+        assert sum("has not answered" in line for line in lines) == 1, "said once per look"
+        report = watch.watched["local"].recovery.result(timeout=300)
+        assert report.ok, report.timeline()
+    finally:
+        watch.finish()
+        silent.close()
+        stop_all(local)
+
+
 def test_a_look_reads_the_recorded_trainer_alive_then_dead_with_its_exit_record(tmp_path):
     target = shell_target(tmp_path)
     assert look(target).run_id is None
