@@ -133,7 +133,9 @@ def test_a_host_that_hangs_holds_only_its_own_look_and_a_death_elsewhere_is_hand
     silent.listen(8)
     known = tmp_path / "known_hosts"
     known.write_text("")
-    host = Host(kind="ssh", hostname="127.0.0.1", port=silent.getsockname()[1], user="root", known_hosts_path=str(known), connect_timeout_seconds=20)
+    host = Host(
+        kind="ssh", hostname="127.0.0.1", port=silent.getsockname()[1], user="root", known_hosts_path=str(known), connect_timeout_seconds=20
+    )
     hung = shell_target(tmp_path / "hung", name="hung", host=host)
     local = shell_target(tmp_path / "local", name="local")
     first, _ = launch.fn(local, 1)
