@@ -65,10 +65,12 @@ class Incident(BaseModel):
 def incidents(sick: list[Sick], window_minutes: float, min_hosts: int = 2) -> list[Incident]:
     """Groups of one verdict and cause on at least `min_hosts` hosts whose failures lie within `window_minutes` of the
     group's first; a target belongs to one incident at most. Unreachable hosts are grouped first, and a sick target on
-    one of a partition's hosts joins no other incident: it is cut off (`cut_off`), so it can be no incident's first."""
+    one of a partition's hosts joins no other incident: it is cut off (`cut_off`), so it can be no incident's first.
+    Only failures group (`Verdict.is_failure`): targets never launched, on however many hosts, are no incident."""
     partitions = _grouped([s for s in sick if s.verdict is None], window_minutes, min_hosts)
     cut = {host for incident in partitions for host in incident.hosts}
-    return partitions + _grouped([s for s in sick if s.verdict is not None and s.host not in cut], window_minutes, min_hosts)
+    failed = [s for s in sick if s.verdict is not None and s.verdict.is_failure() and s.host not in cut]
+    return partitions + _grouped(failed, window_minutes, min_hosts)
 
 
 def _grouped(sick: list[Sick], window_minutes: float, min_hosts: int) -> list[Incident]:

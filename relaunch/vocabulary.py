@@ -31,9 +31,15 @@ class Verdict(str, Enum):
         """`check --recover` hands the run to recover-training; every other verdict leaves the host as it is."""
         return self in _NEEDS_RECOVERY
 
+    def is_failure(self) -> bool:
+        """A run that ran and went wrong: the same failure on many hosts may be one cause (an incident). A target
+        with nothing on record (a fleet's first night) needs a launch, and is no failure, shared or not."""
+        return self in _FAILURES
+
 
 _FINE = frozenset({Verdict.HEALTHY, Verdict.STARTING, Verdict.FINISHED, Verdict.STOPPED})
-_NEEDS_RECOVERY = frozenset({Verdict.CRASHED, Verdict.STALLED, Verdict.DEGRADED, Verdict.DIVERGED, Verdict.UNKNOWN})
+_FAILURES = frozenset({Verdict.CRASHED, Verdict.STALLED, Verdict.DEGRADED, Verdict.DIVERGED})
+_NEEDS_RECOVERY = _FAILURES | {Verdict.UNKNOWN}
 
 
 class Cause(str, Enum):

@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from relaunch.diagnosis import Diagnosis, Metrics
 from relaunch.gpufaults import parse_gpu_health
@@ -197,6 +199,14 @@ def test_two_targets_of_one_host_or_two_causes_are_no_incident():
     assert incidents([sick(0, "a", 0), sick(1, "a", 1)], window_minutes=10) == []
     assert incidents([sick(0, "a", 0), sick(1, "b", 1, Cause.ERROR)], window_minutes=10) == []
     assert incidents([sick(0, "a", 0), sick(1, "b", 11)], window_minutes=10) == []
+
+
+@given(st.lists(st.sampled_from(list(Verdict)), min_size=2, max_size=12), st.sampled_from([None, *Cause]))
+def test_only_a_failure_shared_by_hosts_is_an_incident_and_a_fleet_never_launched_is_none(verdicts, cause):
+    found = incidents([sick(i, f"h{i}", 0, cause, v) for i, v in enumerate(verdicts)], window_minutes=10)
+    grouped = [v for v in dict.fromkeys(verdicts) if v.is_failure() and verdicts.count(v) >= 2]
+    assert sorted(i.verdict for i in found) == sorted(grouped), found
+    assert all(i.verdict.is_failure() for i in found), "unknown (nothing on record), healthy, stopped: never an incident"
 
 
 def test_hosts_that_cannot_be_reached_within_the_window_are_one_partition_apart_from_the_crashes_on_other_hosts():
