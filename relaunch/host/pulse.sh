@@ -15,8 +15,12 @@ run=$(run_folder "$state" "$run_id")
 pid='' pstart='' spid='' sstart='' exit_code=''
 read_pid "$run/pid" pid pstart
 read_pid "$run/supervisor_pid" spid sstart
+# Liveness before the exit record (as snapshot.sh): a supervisor ending between the two reads no death without a code.
+pid_up=0 sup_up=0
+alive "$pid" "$pstart" && pid_up=1
+alive "$spid" "$sstart" && sup_up=1
 slurp exit_code "$run/exit_code"
 echo "pid $pid"
-echo "pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
-echo "supervisor_alive $(alive "$spid" "$sstart" && echo 1 || echo 0)"
+echo "pid_alive $pid_up"
+echo "supervisor_alive $sup_up"
 echo "exit_code $exit_code"

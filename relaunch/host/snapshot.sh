@@ -149,6 +149,12 @@ while [ "$waited" -lt 100 ]; do
   [ -e "$run/exit_code" ] && break; alive "$pid" "$pstart" && break; alive "$spid" "$sstart" || break; nap 0.05
   waited=$((waited + 1))
 done
+# Whether trainer and supervisor live is read before the exit record, once, and printed as read: a supervisor that
+# recorded the exit and ended after the record was read (its trainer dying meanwhile) would otherwise read as a
+# death with no exit code and no supervisor left to write one: silent_exit, for a trainer that exited with a code.
+pid_up=0 sup_up=0
+alive "$pid" "$pstart" && pid_up=1
+alive "$spid" "$sstart" && sup_up=1
 slurp log "$run/log_path"; slurp exit_code "$run/exit_code"; slurp started "$run/started_at"; slurp checkpoint "$run/checkpoint"
 [ -n "$run_id" ] && follow_log
 slurp stopped "$state/stopped"; slurp stopped_how "$state/stopped_how"
@@ -159,12 +165,12 @@ session_up=0
 tmux has-session -t "=$session" 2> /dev/null && session_up=1
 echo "$M session $session_up"
 echo "$M pid $pid"
-echo "$M pid_alive $(alive "$pid" "$pstart" && echo 1 || echo 0)"
+echo "$M pid_alive $pid_up"
 echo "$M exit_code $exit_code"
 # When the exit was recorded (host clock): a session ended after the trainer died did not stop it (its exit wins).
 [ -n "$exit_code" ] && echo "$M exit_at $(stat -c %.9Y -- "$run/exit_code" 2> /dev/null)"
 # The supervisor writes the exit code: while it lives, a dead trainer without one is still being recorded.
-echo "$M supervisor_alive $(alive "$spid" "$sstart" && echo 1 || echo 0)"
+echo "$M supervisor_alive $sup_up"
 echo "$M started_at $started"
 # A repo_dir that is not there: nothing can be launched from it, and a check says so rather than a bare unknown.
 [ -n "$repo" ] && [ ! -d "$repo" ] && echo "$M repo_missing $repo"
