@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from prefect import flow
+from pydantic import Field
 
 from relaunch.config import Target, load_targets
 from relaunch.errors import RelaunchError
@@ -24,6 +28,7 @@ from relaunch.flows.outcome import emit, report_of, run_tags
 from relaunch.flows.recover import recover_training
 from relaunch.plans.watch import Pulse, parse_pulse, plan_pulse
 from relaunch.report import Report
+from relaunch.tasks.memory import read_handed, write_handed
 from relaunch.transport import run, transport_for
 from relaunch.watching import Seen, hand_over, seen
 
@@ -33,7 +38,7 @@ class Watched:
     """One target as the watch keeps it between rounds."""
 
     target: Target
-    source: Path
+    source: Path | None  # None: given as a target (the watch deployment's parameter), never re-read
     handled: str | None = None  # the run whose death was last handed over
     unreachable: str | None = None  # why the last look failed, while it keeps failing (said once)
     recovery: Future[Report] | None = None
@@ -57,14 +62,30 @@ def _recover(target: Target) -> Report:
 
 class Watch:
     """The watch over SOURCES (target or fleet files), re-read every round: an edit is picked up, and a file that stops
-    validating is said once and watched as it last was."""
+    validating is said once and watched as it last was; and over TARGETS, given as they are.
 
-    def __init__(self, sources: list[Path], say: Callable[[str], None], max_workers: int = 16):
+    Each death is handed over once, also across restarts of the watch: the run last handed over is kept in a Prefect
+    Variable per target (tasks/memory.py), read when a target is first watched and written at each handover."""
+
+    def __init__(self, sources: list[Path], say: Callable[[str], None], max_workers: int = 16, targets: Sequence[Target] = ()):
         self.sources, self.say = sources, say
         self.watched: dict[str, Watched] = {}
         self.bad: dict[Path, str] = {}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="relaunch-watch")
         self.stopping = threading.Event()
+        for target in targets:
+            self._add(target, None)
+
+    def _add(self, target: Target, source: Path | None) -> None:
+        self.watched[target.name] = Watched(target=target, source=source, handled=self._recall(target))
+        self.say(f"watching {target.name} on {target.host.label}")
+
+    def _recall(self, target: Target) -> str | None:
+        try:
+            return read_handed(target)
+        except Exception as exc:  # noqa: BLE001 - no memory is no reason not to watch: a death may be handed over twice
+            self.say(f"{target.name}: the run last handed over cannot be read ({type(exc).__name__}: {exc}); watching without it")
+            return None
 
     def reload(self) -> None:
         for source in self.sources:
@@ -81,8 +102,7 @@ class Watch:
             for target in targets:
                 known = self.watched.get(target.name)
                 if known is None:
-                    self.watched[target.name] = Watched(target=target, source=source)
-                    self.say(f"watching {target.name} on {target.host.label}")
+                    self._add(target, source)
                 else:
                     known.target = target
 
@@ -133,6 +153,12 @@ class Watch:
         if not hand_over(pulse, w.handled):
             return
         w.handled = pulse.run_id
+        try:
+            write_handed(w.target, str(pulse.run_id))
+        except Exception as exc:  # noqa: BLE001 - the recovery matters more than the record of it
+            self.say(
+                f"{w.target.name}: could not record the handover ({type(exc).__name__}: {exc}); a restarted watch may hand it over again"
+            )
         code = "none recorded" if pulse.exit_code is None else str(pulse.exit_code)
         self.say(
             f"{w.target.name}: the trainer of run {pulse.run_id} (PID {pulse.pid}) died, exit code {code}: recover-training starts now"
@@ -169,3 +195,24 @@ class Watch:
                 self._recovered(w)
         # A look still out ends by its own timeouts (connect, command); nothing waits on what it would say.
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+@flow(name="watch-training", log_prints=False)
+def watch_training(
+    target: Target,
+    interval_seconds: Annotated[float, Field(gt=0, description="Seconds between two looks at the target.")] = 10.0,
+    duration_seconds: Annotated[
+        float, Field(gt=0, description="How long this run watches; the watch deployment starts the next run then.")
+    ] = 600.0,
+) -> str:
+    """Watch one target for `duration_seconds`, a look every `interval_seconds`; a death starts recover-training.
+
+    The watch deployment (`relaunch deploy --watch`) runs this every `duration_seconds`, one run at a time: a worker
+    restart costs at most one duration of watching, and nothing runs for ever on a worker slot."""
+    from relaunch.tasks.common import log
+
+    logger = log()
+    watch = Watch([], logger.info, targets=[target])
+    watch.run(interval_seconds, rounds=max(1, round(duration_seconds / interval_seconds)))
+    w = watch.watched[target.name]
+    return f"{target.name}: watched {duration_seconds:g} s" + (f"; last seen {w.last.value}" if w.last else "")

@@ -105,3 +105,28 @@ def remember(target: Target, night: Night, faults: list[GpuFault], at: datetime)
             ledger = ledger.with_faults(faults, at, target.name, night.flow_run)
             write_ledger(client, ledger)
         return Memory(history=history, ledger=ledger)
+
+
+WATCH_TAG = "relaunch-watch"
+
+
+def watch_variable(target: Target) -> str:
+    """The run whose death a watch last handed over, per run as its history is (host and state folder)."""
+    return variable_name("watch", target.name, f"{target.name} {target.host.label} {target.state_path}")
+
+
+def read_handed(target: Target) -> str | None:
+    """The run id a watch last handed to recover-training: a watch restarted (a service, the next scheduled run of the
+    watch deployment) does not hand the same death over again."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        value = _read(client, watch_variable(target))
+    return value.get("run_id") if isinstance(value, dict) else None
+
+
+def write_handed(target: Target, run_id: str) -> None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        _write(client, watch_variable(target), {"target": target.name, "run_id": run_id}, WATCH_TAG)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relaunch.config import Host
-from relaunch.flows.watch import Watch, look
+from relaunch.flows.watch import Watch, look, watch_training
 from relaunch.plans.watch import Pulse
 from relaunch.tasks.launch import launch
+from relaunch.tasks.memory import read_handed, write_handed
 from relaunch.tasks.stop import stop
 from relaunch.testing.faults import wait_for
 from relaunch.testing.targets import current, runs, shell_target, stop_all, wait_for_exit
@@ -154,6 +156,48 @@ def test_a_host_that_hangs_holds_only_its_own_look_and_a_death_elsewhere_is_hand
         watch.finish()
         silent.close()
         stop_all(local)
+
+
+def test_the_watch_flow_hands_a_death_over_once_across_its_own_runs(tmp_path, prefect_harness):
+    # Each run of the watch deployment is a fresh process: which death was handed over lives in a Prefect Variable.
+    target = shell_target(tmp_path)
+    first, _ = launch.fn(target, 1)
+    try:
+        os.kill(first.pid, signal.SIGKILL)
+        wait_for_exit(target)
+        write_handed(target, first.run_id)  # as an earlier run of the watch left it
+        said = watch_training(target, interval_seconds=0.5, duration_seconds=0.5)
+        assert runs(target) == [first.run_id], "a death an earlier watch run handed over is not handed over again"
+        assert "last seen died" in said, said
+        write_handed(target, "an-older-run")
+        watch_training(target, interval_seconds=0.5, duration_seconds=0.5)
+        assert len(runs(target)) == 2 and current(target) != first.run_id, "a death not handed over before is recovered"
+        assert read_handed(target) == first.run_id, "and remembered"
+    finally:
+        stop_all(target)
+
+
+def test_deploy_with_watch_adds_a_watch_run_every_ten_minutes_one_at_a_time_that_undeploy_removes(tmp_path, prefect_harness, lines):
+    from prefect.client.orchestration import get_client
+
+    from relaunch.cli.deploy import WATCH_RUN_SECONDS, deploy, undeploy
+
+    target = shell_target(tmp_path, name=f"watched-{uuid.uuid4().hex[:6]}")
+    source = write_target(tmp_path / "target.yaml", target)
+    pool = f"relaunch-{target.name}"  # no worker polls it: nothing scheduled here runs
+    done = deploy(target, source, "0 3 * * *", "UTC", pool, lines.append, watch_interval_seconds=5)
+    again = deploy(target, source, "0 3 * * *", "UTC", pool, lines.append, watch_interval_seconds=5)
+    assert done.watch_deployment == again.watch_deployment == f"watch-training/watch-{target.name}", done
+    with get_client(sync_client=True) as client:
+        watch = client.read_deployment_by_name(done.watch_deployment)
+        same = [d for d in client.read_deployments() if d.name == f"watch-{target.name}"]
+    (schedule,) = watch.schedules
+    assert (schedule.slug, schedule.schedule.interval.total_seconds()) == ("watch", WATCH_RUN_SECONDS), schedule
+    assert watch.entrypoint == "relaunch.flows.watch.watch_training" and not watch.pull_steps and len(same) == 1
+    assert watch.parameters == {"target": target.model_dump(mode="json"), "interval_seconds": 5, "duration_seconds": WATCH_RUN_SECONDS}
+    assert watch.global_concurrency_limit is not None and watch.global_concurrency_limit.limit == 1, "one watch of a target at a time"
+    removed = undeploy(target.name, lines.append)
+    assert done.watch_deployment in removed and len(removed) == 3, lines
 
 
 def test_a_look_reads_the_recorded_trainer_alive_then_dead_with_its_exit_record(tmp_path):

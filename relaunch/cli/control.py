@@ -19,6 +19,10 @@ def deploy_command(
     cron: str = typer.Option("0 3 * * *", "--cron", help="When the nightly check runs (cron, in --timezone)."),
     timezone: str = typer.Option("UTC", "--timezone", help="The time zone the cron schedule is read in (IANA name, e.g. Europe/Berlin)."),
     pool: str = typer.Option("relaunch", "--pool", help="The work pool both deployments run on (a process pool is created when missing)."),
+    watch: bool = typer.Option(
+        False, "--watch", help="Also deploy the watch (watch-training/watch-NAME): a death is recovered within seconds."
+    ),
+    watch_interval_seconds: float = typer.Option(10.0, "--watch-interval-seconds", min=0.5, help="With --watch: seconds between looks."),
     as_json: bool = typer.Option(False, "--json", help="Print what was deployed as JSON."),
 ) -> None:
     """Create or update the target's nightly check (`check-training/nightly-NAME`) and its recovery on demand
@@ -29,7 +33,10 @@ def deploy_command(
 
     with errors(as_json):
         path = resolve(target_file).resolve()
-        done = deploy(load_target(path), path, cron, timezone, pool, say=(lambda line: None) if as_json else print)
+        say = (lambda line: None) if as_json else print
+        done = deploy(
+            load_target(path), path, cron, timezone, pool, say=say, watch_interval_seconds=watch_interval_seconds if watch else None
+        )
     if as_json:
         print_json(done.model_dump(mode="json"))
     else:

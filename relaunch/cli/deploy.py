@@ -6,6 +6,8 @@ the target file; nothing is duplicated, a paused schedule or deployment stays pa
 * `check-training/nightly-NAME`: the nightly check (`recover: true`) on a cron schedule (slug `nightly`), one run at
   a time (a run due while the last still recovers is cancelled, never queued);
 * `recover-training/NAME`: a recovery on demand (`prefect deployment run 'recover-training/NAME'`), no schedule;
+* with `--watch`, `watch-training/watch-NAME`: the watch (a look every `--watch-interval-seconds`; a death starts
+  recover-training at once), a run of WATCH_RUN_SECONDS started every WATCH_RUN_SECONDS (slug `watch`), one at a time;
 * the work pool (a process pool, created when missing, an existing one left as it is);
 * the host's global concurrency limit `relaunch-host-HOSTNAME` of 1 (one recovery per host across all workers);
 * relaunch's automations (relaunch/cli/automations.yaml: escalations and failed nightly checks tell a person).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,10 @@ from relaunch.errors import ConfigError, RelaunchError
 NIGHTLY_SLUG = "nightly"
 DEFAULT_POOL = "relaunch"
 DEFAULT_CRON = "0 3 * * *"
+WATCH_SLUG = "watch"
+# One watch run's length, and its schedule's interval: a worker restart costs at most this much watching, and each
+# run is a flow run of its own in the UI (its handovers in its logs) rather than one that never ends.
+WATCH_RUN_SECONDS = 600.0
 # relaunch's own log lines (SSH connects and reconnects, host-key notes) reach the flow run's logs.
 JOB_VARIABLES = {"env": {"PREFECT_LOGGING_EXTRA_LOGGERS": "relaunch"}}
 
@@ -49,11 +56,17 @@ class Deployed(BaseModel):
     pool: str = Field(description="The work pool both deployments run on.")
     host_limit: str = Field(description="The host's global concurrency limit (limit 1).")
     automations: list[str] = Field(default_factory=list, description="What the automations sync said, one line each.")
+    watch_deployment: str | None = Field(None, description="flow/deployment name of the watch (deployed with --watch).")
+    watch_interval_seconds: float | None = Field(None, description="Seconds between the watch's looks at the target.")
 
 
 def deployment_names(name: str) -> tuple[str, str]:
     """(nightly check, recovery) as `flow/deployment`."""
     return f"check-training/nightly-{name}", f"recover-training/{name}"
+
+
+def watch_deployment_name(name: str) -> str:
+    return f"watch-training/watch-{name}"
 
 
 def require_api(command: str) -> str:
@@ -72,17 +85,27 @@ def require_api(command: str) -> str:
     return url
 
 
-def deploy(target: Target, source: Path, cron: str, timezone: str, pool: str, say: Callable[[str], None]) -> Deployed:
-    """Create or update everything the target's nightly check needs on the server (see the module's docstring)."""
+def deploy(
+    target: Target,
+    source: Path,
+    cron: str,
+    timezone: str,
+    pool: str,
+    say: Callable[[str], None],
+    watch_interval_seconds: float | None = None,
+) -> Deployed:
+    """Create or update everything the target's nightly check needs on the server (see the module's docstring);
+    with `watch_interval_seconds`, its watch too."""
     from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule
     from prefect.deployments.runner import EntrypointType, RunnerDeployment
 
     from relaunch.cli.automations import AUTOMATIONS_FILE, paused_record, sync
     from relaunch.flows.check import check_training
     from relaunch.flows.outcome import run_tags
     from relaunch.flows.recover import host_limit_name, recover_training
+    from relaunch.flows.watch import watch_training
 
     require_api("deploy")
     try:
@@ -122,6 +145,23 @@ def deploy(target: Target, source: Path, cron: str, timezone: str, pool: str, sa
     ids = [_paused_kept(d) for d in (check, recover)]
     for name, deployment_id in zip((check_name, recover_name), ids):
         say(f"deployment {name} ({deployment_id}) on pool {pool!r}")
+    watch_name = watch_deployment_name(target.name) if watch_interval_seconds else None
+    if watch_name and watch_interval_seconds:
+        every = DeploymentScheduleCreate.model_construct(
+            schedule=IntervalSchedule(interval=timedelta(seconds=WATCH_RUN_SECONDS)), slug=WATCH_SLUG, _fields_set={"schedule", "slug"}
+        )
+        watch = RunnerDeployment.from_flow(
+            watch_training,
+            name=watch_name.split("/", 1)[1],
+            description=f"Watch {target.name} on {target.host.label} (from {source}): a look every {watch_interval_seconds:g} s; a death starts recover-training at once.",
+            tags=[*tags, "watch"],
+            parameters={"target": parameters, "interval_seconds": watch_interval_seconds, "duration_seconds": WATCH_RUN_SECONDS},
+            schedules=[every],
+            # A run due while the last still watches (or waits for its recovery) is cancelled: one watch per target.
+            concurrency_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW),
+            **common,
+        )
+        say(f"deployment {watch_name} ({_paused_kept(watch)}) on pool {pool!r}: a look every {watch_interval_seconds:g} s")
     lines: list[str] = []
     asyncio.run(sync(AUTOMATIONS_FILE, paused_record(), lines.append))
     for line in lines:
@@ -141,6 +181,8 @@ def deploy(target: Target, source: Path, cron: str, timezone: str, pool: str, sa
         pool=pool,
         host_limit=host_limit_name(target),
         automations=lines,
+        watch_deployment=watch_name,
+        watch_interval_seconds=watch_interval_seconds,
     )
 
 
@@ -207,11 +249,12 @@ async def _undeploy(name: str, say: Callable[[str], None]) -> list[str]:
     removed: list[str] = []
     hosts: set[str] = set()
     async with get_client() as client:
-        for full in deployment_names(name):
+        for full in (*deployment_names(name), watch_deployment_name(name)):
             try:
                 d = await client.read_deployment_by_name(full)
             except ObjectNotFound:
-                say(f"deployment {full}: none")
+                if full != watch_deployment_name(name):  # deployed only with --watch: its absence is no news
+                    say(f"deployment {full}: none")
                 continue
             hosts |= _host_limit_of(d.parameters)
             await client.delete_deployment(d.id)
