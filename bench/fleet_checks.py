@@ -105,13 +105,14 @@ def ssh_hosts(stack: ExitStack, work: Path, n: int) -> list:
 def make_targets(work: Path, n: int, step_seconds: float, hosts: list | None = None):
     from relaunch.testing.targets import shell_target
 
-    base = shell_target(work / "shared", name="bench")  # one repo and lock; each target its own logs, state and session
+    base = shell_target(work / "shared", name="bench")  # one repo and lock; each target its own logs, state folder and session
     return [
         base.model_copy(
             update={
                 "name": f"bench{i:03d}",
                 "tmux_session": f"{base.tmux_session}-{i:03d}",
                 "log_dir": str(work / f"t{i:03d}" / "logs"),
+                "state_dir": str(work / f"t{i:03d}" / "state"),  # a state folder is one target's (launch refuses a shared one)
                 "env": {"STEP_SECONDS": str(step_seconds)},
                 **({"host": hosts[i]} if hosts else {}),
             }
