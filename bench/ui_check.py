@@ -4,14 +4,18 @@
 
 Starts `prefect server start` (UI on, its own PREFECT_HOME, no telemetry) on a free port of 127.0.0.1, starts
 relaunch/testing/targets.py's bash trainer with a fault (it exits 3 at step 2), runs `relaunch recover TARGET.yaml` as a
-subprocess against that server, then opens the flow run's pages in headless Chromium (Debian's `chromium`)
-in Prefect's default (React, /v2/) UI: the flow run's Task Runs tab (task runs named `step@host`), its
-Artifacts tab, and the report artifact's own page. One command-line Chromium per page writes the rendered DOM
+subprocess against that server, then `relaunch check` on the recovered trainer; a second trainer crashes the same way
+with a checkpoint_dir relaunch must not guess about (one step saved as two files), so its `relaunch recover` is refused
+and ends Failed, named Escalated. Then opens pages in headless Chromium (Debian's `chromium`) in Prefect's default
+(React, /v2/) UI: the flow runs list (each run named by what happened, the names read back from the API), the
+recovered run's Task Runs tab (task runs named `step@host`), its Artifacts tab, the report artifact's own page, the
+recovered run's Details tab (its state badge, Recovered, and state message), and the escalated run's Logs tab (its
+badge, Escalated, and the ERROR line that says what to do). One command-line Chromium per page writes the rendered DOM
 (`--dump-dom`, read for its text) and the screenshot (`--screenshot`, into --out) after
 `--virtual-time-budget` of page time: Chromium holds virtual time while fetches are pending, so the SPA's API
 calls have answered when the DOM is taken. Prints JSON: the URLs, the phrases each page must show and any
-missing, the seconds each part took; exits 1 when a phrase is missing. The trainer is stopped and the server's
-process group is gone at the end. About 40 s on 2 cores. `chromium`: apt-get install -y chromium.
+missing, the seconds each part took; exits 1 when a phrase is missing. Both trainers are stopped and the server's
+process group is gone at the end. About 70 s on 2 cores. `chromium`: apt-get install -y chromium.
 """
 
 from __future__ import annotations
@@ -52,6 +56,10 @@ VIRTUAL_TIME_MS = 15000
 WINDOW = "1440,1000"
 FLOW = "recover-training"
 TARGET_NAME = "nightly"
+# The second target, whose recovery is refused: its crashed run saved one step as two files, and relaunch never guesses
+# which one the trainer loads (tasks/launch.py pick_checkpoint: CheckpointUnusable, an escalation, nothing launched).
+ESCALATED_NAME = "unresumable"
+AMBIGUOUS_CHECKPOINT = ("step_1000_model.pt", "step_1000_optim.pt")
 
 
 def find_chromium() -> str | None:
@@ -151,38 +159,68 @@ def _stop_group(proc: subprocess.Popen) -> None:
 class Recovery:
     returncode: int
     seconds: float
-    report: dict = field(default_factory=dict)
+    report: dict = field(default_factory=dict)  # the --json output: the report, or the error object of a refusal
     output: str = ""
 
 
-def recover_crashed_trainer(work: Path, api_url: str) -> Recovery:
-    from relaunch.tasks.launch import launch
-    from relaunch.testing.faults import RELAUNCH, cli_env, write_target
-    from relaunch.testing.targets import shell_target, stop_all, wait_for_exit
+def relaunch_cli(command: str, target_file: Path, work: Path, api_url: str) -> Recovery:
+    """`relaunch COMMAND --json TARGET.yaml` as typed, against the server; its exit code, seconds and JSON."""
+    from relaunch.testing.faults import RELAUNCH, cli_env
 
-    target = shell_target(work / "target", name=TARGET_NAME)
-    target_file = write_target(target, work / "target.yaml")
-    try:
-        # The run crashes for real (exit 3 at step 2); the relaunch, without the fault's environment, keeps running.
-        launch.fn(target.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}}), 1)
-        wait_for_exit(target)
-        start = time.monotonic()
-        proc = subprocess.run(
-            [RELAUNCH, "recover", "--json", str(target_file)],
-            env=cli_env(work / "cli-home", api_url),
-            capture_output=True,
-            text=True,
-            timeout=RECOVER_SECONDS,
-            cwd=ROOT,
-        )
-        seconds = time.monotonic() - start
-    finally:
-        stop_all(target)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [RELAUNCH, command, "--json", str(target_file)],
+        env=cli_env(work / "cli-home", api_url),
+        capture_output=True,
+        text=True,
+        timeout=RECOVER_SECONDS,
+        cwd=ROOT,
+    )
+    seconds = time.monotonic() - start
     try:
         report = json.loads(proc.stdout)
     except ValueError:
         report = {}
     return Recovery(proc.returncode, round(seconds, 1), report, (proc.stdout + proc.stderr)[-3000:])
+
+
+@contextmanager
+def crashed_trainer(folder: Path, name: str) -> Iterator[tuple]:
+    """A bash trainer that crashed for real (exit 3 at step 2), and its target file; relaunched without the fault's
+    environment it keeps running. Whatever runs of it is stopped at the end."""
+    from relaunch.tasks.launch import launch
+    from relaunch.testing.faults import write_target
+    from relaunch.testing.targets import shell_target, stop_all, wait_for_exit
+
+    target = shell_target(folder, name=name)
+    target_file = write_target(target, folder.parent / f"{name}.yaml")
+    try:
+        launch.fn(target.model_copy(update={"env": {"EXIT_AT": "2", "EXIT_CODE": "3"}}), 1)
+        wait_for_exit(target)
+        yield target, target_file
+    finally:
+        stop_all(target)
+
+
+def recover_crashed_trainer(work: Path, api_url: str) -> tuple[Recovery, Recovery]:
+    """The crashed trainer recovered, then `relaunch check` of it while it runs on: a check run for the runs list,
+    named by its verdict; it changes nothing."""
+    with crashed_trainer(work / "target", TARGET_NAME) as (_, target_file):
+        recovery = relaunch_cli("recover", target_file, work, api_url)
+        check = relaunch_cli("check", target_file, work, api_url) if recovery.returncode == 0 else Recovery(-1, 0.0)
+    return recovery, check
+
+
+def escalate_crashed_trainer(work: Path, api_url: str) -> Recovery:
+    """The second trainer crashed the same way, but its checkpoint_dir holds one step saved as two files: the recovery
+    refuses to guess which one to resume from, launches nothing, and its flow run ends Failed named Escalated, with an
+    ERROR line that says what to do (flows/outcome.py conclude). The CLI exits 1 with the refusal as its JSON."""
+    with crashed_trainer(work / "escalated", ESCALATED_NAME) as (target, target_file):
+        checkpoints = Path(target.checkpoint_dir)
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        for name in AMBIGUOUS_CHECKPOINT:
+            (checkpoints / name).write_bytes(b"x" * 64)
+        return relaunch_cli("recover", target_file, work, api_url)
 
 
 @dataclass
@@ -193,10 +231,14 @@ class RunOnServer:
     task_runs: list[str]
     report_artifact_id: str | None
     report_artifact_key: str | None
+    state_type: str = ""
+    state_message: str = ""
+    tags: list[str] = field(default_factory=list)
 
 
-def find_flow_run(api_url: str) -> RunOnServer:
-    """The one recover-training flow run on the server, its task run names and its markdown report artifact."""
+def find_flow_run(api_url: str, target: str = TARGET_NAME) -> RunOnServer:
+    """The one recover-training flow run of the target on the server (its `target:NAME` tag, set as the CLI creates
+    it), its task run names and its markdown report artifact."""
     from prefect.client.orchestration import PrefectClient
     from prefect.client.schemas.filters import (
         ArtifactFilter,
@@ -206,13 +248,17 @@ def find_flow_run(api_url: str) -> RunOnServer:
         FlowFilterName,
         FlowRunFilter,
         FlowRunFilterId,
+        FlowRunFilterTags,
     )
 
     async def read() -> RunOnServer:
         async with PrefectClient(api_url) as client:
-            runs = await client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW])))
+            runs = await client.read_flow_runs(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW])),
+                flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"target:{target}"])),
+            )
             if len(runs) != 1:
-                raise RuntimeError(f"expected one {FLOW} flow run on {api_url}, found {len(runs)}")
+                raise RuntimeError(f"expected one {FLOW} flow run of {target} on {api_url}, found {len(runs)}")
             run = runs[0]
             tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
             artifacts = await client.read_artifacts(
@@ -228,7 +274,23 @@ def find_flow_run(api_url: str) -> RunOnServer:
                 sorted(t.name for t in tasks),
                 str(report.id) if report else None,
                 report.key if report else None,
+                run.state.type.value if run.state else "",
+                (run.state.message or "") if run.state else "",
+                sorted(run.tags),
             )
+
+    return asyncio.run(read())
+
+
+def flow_runs_named(api_url: str) -> list[dict[str, str]]:
+    """Every flow run on the server, newest first, as the runs list shows it: its name (set by what happened) and state."""
+    from prefect.client.orchestration import PrefectClient
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    async def read() -> list[dict[str, str]]:
+        async with PrefectClient(api_url) as client:
+            runs = await client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC)
+            return [{"name": r.name, "state": r.state.name if r.state else "", "type": r.state.type.value if r.state else ""} for r in runs]
 
     return asyncio.run(read())
 
@@ -311,13 +373,31 @@ def look(browser: str, page: Page, out: Path | None, work: Path, tries: int = 3)
     return page
 
 
-def pages_of(base: str, run: RunOnServer, verdict: str) -> list[Page]:
-    """The React UI (Prefect 3.9's default: / redirects to /v2/): the flow run's Task Runs and Artifacts tabs, the report."""
+def pages_of(base: str, run: RunOnServer, verdict: str, escalated: RunOnServer, runs: list[dict[str, str]], what_to_do: str) -> list[Page]:
+    """The React UI (Prefect 3.9's default: / redirects to /v2/; routes from its bundle, prefect/server/ui-v2/assets):
+    the runs list, the recovered run's Task Runs and Artifacts tabs, the report, its Details tab (state and message),
+    and the escalated run's Logs tab (the flow run page's default tab)."""
     flow_run = f"{base}/v2/runs/flow-run/{run.flow_run_id}"
+    # The state names are what relaunch sets (flows/outcome.py final_state), spelled here rather than read back: a run
+    # that ended plain Completed or Failed is the regression this page is for. Capitalised, they are the badges: the run
+    # names say `recovered` and `escalated` in lower case.
+    message = " ".join(run.state_message.split())[:80] or "(no state message)"
     return [
+        Page("runs-list", f"{base}/v2/runs/?tab=flow-runs", [*(r["name"] for r in runs), "Recovered", "Escalated"]),
         Page("flow-run-task-runs", f"{flow_run}?tab=TaskRuns", [run.flow_run_name, *run.task_runs]),
         Page("flow-run-artifacts", f"{flow_run}?tab=Artifacts", [run.report_artifact_key or "(no report artifact)", f"{verdict}:"]),
         Page("report-artifact", f"{base}/v2/artifacts/artifact/{run.report_artifact_id}", [f"Verdict: {verdict}", "Attempt 1: crashed"]),
+        Page(
+            "flow-run-recovered",
+            f"{flow_run}?tab=Details",
+            [run.flow_run_name, "Recovered", "State Message", message, f"target:{TARGET_NAME}"],
+        ),
+        Page(
+            "flow-run-escalated",
+            f"{base}/v2/runs/flow-run/{escalated.flow_run_id}?tab=Logs",
+            # The ERROR line of flows/outcome.py conclude: what was refused, then what to do (its first words).
+            [escalated.flow_run_name, "Escalated", "ERROR", "nothing was launched", f"what to do: {' '.join(what_to_do.split()[:6])}"],
+        ),
     ]
 
 
@@ -338,23 +418,42 @@ def ui_check(out: Path | None, work: Path, browser: str | None = None) -> dict:
         api_url = f"{base}/api"
         seconds["server_boot"] = round(time.monotonic() - t0, 1)
         log(f"server up at {base} ({seconds['server_boot']} s)")
-        recovery = recover_crashed_trainer(work, api_url)
-        seconds["recovery"] = recovery.seconds
+        recovery, check = recover_crashed_trainer(work, api_url)
+        seconds["recovery"], seconds["check"] = recovery.seconds, check.seconds
         if recovery.returncode != 0:
             raise RuntimeError(f"relaunch recover exited {recovery.returncode}:\n{recovery.output}")
+        if check.returncode != 0:
+            raise RuntimeError(f"relaunch check of the recovered trainer exited {check.returncode}:\n{check.output}")
+        escalation = escalate_crashed_trainer(work, api_url)
+        seconds["escalation"] = escalation.seconds
+        # Exit 1 with the refusal's JSON is the escalation; 0 would be a guess made, 3 a crash of relaunch itself.
+        if escalation.returncode != 1 or escalation.report.get("error") != "checkpoint_unusable":
+            raise RuntimeError(f"relaunch recover of {ESCALATED_NAME} exited {escalation.returncode}, not refused:\n{escalation.output}")
         run = find_flow_run(api_url)
         log(f"flow run {run.flow_run_name} {run.state}: {', '.join(run.task_runs)}")
         if run.report_artifact_id is None:
             raise RuntimeError(f"flow run {run.flow_run_name} has no markdown report artifact")
+        escalated = find_flow_run(api_url, ESCALATED_NAME)
+        log(f"flow run {escalated.flow_run_name} {escalated.state_type} {escalated.state}")
+        runs = flow_runs_named(api_url)
         verdict = recovery.report.get("verdict")
-        pages = [look(browser, page, out, work) for page in pages_of(base, run, verdict)]
+        what_to_do = escalation.report.get("what_to_do") or "(no what to do)"
+        pages = [look(browser, page, out, work) for page in pages_of(base, run, verdict, escalated, runs, what_to_do)]
         seconds["pages"] = round(sum(p.seconds for p in pages), 1)
     seconds["total"] = round(time.monotonic() - t0, 1)
     return {
         "chromium": subprocess.run([browser, "--version"], capture_output=True, text=True).stdout.strip(),
         "server": base,
         "verdict": verdict,
+        "check_verdict": check.report.get("verdict"),
+        "escalation": {
+            "exit_code": escalation.returncode,
+            "error": escalation.report.get("error"),
+            "what_to_do": what_to_do,
+        },
         "flow_run": run.__dict__,
+        "escalated_run": escalated.__dict__,
+        "flow_runs": runs,
         "pages": {
             p.name: {
                 "url": p.url,

@@ -48,6 +48,8 @@ def test_the_flow_run_page_shows_step_at_host_task_runs_and_the_report_artifact_
     assert "recover-training-nightly" in artifacts["text"] and "healthy:" in artifacts["text"], artifacts["text"][:3000]
     report = pages["report-artifact"]
     assert "Verdict: healthy" in report["text"] and "Attempt 1: crashed" in report["text"], report["text"][:3000]
+    assert (result["escalated_run"]["state"], result["escalated_run"]["state_type"]) == ("Escalated", "FAILED"), result["escalated_run"]
+    assert "runs-list" in pages and "flow-run-escalated" in pages and "flow-run-recovered" in pages, sorted(pages)
     assert not any(page["missing"] for page in pages.values()), {name: page["missing"] for name, page in pages.items()}
     for name in pages:
         assert png_size(shots / f"{name}.png") == (1440, 1000)
