@@ -14,11 +14,19 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def write_wheel(dest: Path, name: str, version: str, files: dict[str, bytes], compression: int = zipfile.ZIP_DEFLATED) -> Path:
-    """A valid pure-Python wheel holding files (path inside the wheel -> bytes)."""
+def write_wheel(
+    dest: Path,
+    name: str,
+    version: str,
+    files: dict[str, bytes],
+    compression: int = zipfile.ZIP_DEFLATED,
+    requires: tuple[str, ...] = (),
+) -> Path:
+    """A valid pure-Python wheel holding files (path inside the wheel -> bytes); `requires`: its Requires-Dist lines."""
     dist_info = f"{name}-{version}.dist-info"
     files = dict(files)
-    files[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    needs = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    files[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{needs}".encode()
     files[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: relaunch-demo\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data in files.items()) + f"{dist_info}/RECORD,,\n"
     files[f"{dist_info}/RECORD"] = record.encode()

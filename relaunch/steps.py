@@ -115,10 +115,18 @@ class RebuildDetail(_VenvBuild):
 class InstallDetail(_Detail):
     kind: Literal["install_package"] = "install_package"
     package: str = ""
+    added: list[str] = Field(
+        default_factory=list, description="NAME==VERSION of each distribution added: the package, and what came with it."
+    )
     output: list[str] = Field(default_factory=list)
 
     def notes(self) -> list[str]:
-        return [f"installed {self.package}: add it to the lock"]
+        if not self.added:
+            return [f"installed {self.package}: add it to the lock"]
+        came = [a for a in self.added if a.split("==")[0].lower().replace("_", "-") != self.package.lower().replace("_", "-")]
+        return [
+            f"installed {', '.join(self.added)}" + (f" ({', '.join(came)} came with {self.package})" if came else "") + ": add to the lock"
+        ]
 
 
 class RestoreDetail(_Detail):

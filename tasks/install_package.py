@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from relaunch.config import Target
-from relaunch.plans.install_package import plan_install
+from relaunch.plans.install_package import parse_added, plan_install
 from relaunch.steps import InstallDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
 from relaunch.tasks.leftovers import stop_earlier_try
@@ -14,11 +14,20 @@ from relaunch.vocabulary import Step
 def install_package(target: Target, package: str) -> StepRecord:
     stop_earlier_try(target)
     with timed() as clock:
-        out = execute(
+        done = execute(
             target,
             plan_install(target, package),
-            advice=f"{package} is not installable from the configured indexes; add an index or find-links, or fix the name",
-        ).stderr
-        detail = InstallDetail(package=package, output=out.strip().splitlines()[-3:])
-        log().warning("installed %s into %s; add it to %s so the next rebuild keeps it", package, target.venv_dir, target.lock_file)
+            advice=f"{package} is not installable from the configured indexes without changing the venv's other packages: "
+            "add it (and what it needs) to the lock at versions that fit, then recover again; or add an index or find-links, or fix the name",
+        )
+        added = parse_added(done.stdout)
+        detail = InstallDetail(package=package, added=added, output=done.stderr.strip().splitlines()[-3:])
+        log().warning(
+            "installed %s into %s; add %s to %s so the next rebuild keeps %s",
+            package,
+            target.venv_dir,
+            ", ".join(added) or package,
+            target.lock_file,
+            "them" if len(added) > 1 else "it",
+        )
     return StepRecord(step=Step.INSTALL_PACKAGE, seconds=clock.seconds, detail=detail)
