@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # What the wheel is built from (pyproject.toml's packages and package-dir, the readme and licence it names).
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "relaunch", "flows", "tasks", "demo")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "relaunch", "flows", "tasks", "demo", "docs")
 IGNORED = shutil.ignore_patterns(".git", ".venv", ".cache", "build", "*.egg-info", "__pycache__")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -67,3 +68,17 @@ def test_the_wheel_without_torch_says_how_to_get_the_demo_and_where_automations_
     assert not (tmp_path / "demo").exists(), "nothing built"
     sync = run([str(exe), "automations", "sync"], env=env, cwd=tmp_path)
     assert sync.returncode == 2 and "PREFECT_API_URL" in sync.stderr, sync.stdout + sync.stderr
+
+
+def test_every_doc_the_readme_links_to_is_in_the_wheel_and_relaunch_docs_prints_it_as_written(tmp_path, tmp_path_factory):
+    exe = installed_venv(tmp_path_factory.getbasetemp().parent) / "bin" / "relaunch"
+    env = clean_env(tmp_path)
+    linked = sorted(set(re.findall(r"\]\(docs/([a-z0-9-]+)\.md", (ROOT / "README.md").read_text())))
+    assert len(linked) >= 5, linked
+    listed = run([str(exe), "docs"], env=env, cwd=tmp_path)
+    assert listed.returncode == 0 and all(name in listed.stdout.split() for name in linked), listed.stdout + listed.stderr
+    for name in linked:
+        shown = run([str(exe), "docs", name], env=env, cwd=tmp_path)
+        assert shown.returncode == 0 and shown.stdout == (ROOT / "docs" / f"{name}.md").read_text(), (name, shown.stderr[-500:])
+    missing = run([str(exe), "docs", "no-such-doc"], env=env, cwd=tmp_path)
+    assert missing.returncode == 2 and "operations" in missing.stderr, missing.stderr

@@ -9,13 +9,14 @@ runs it is relaunch/cli/startup.py's.
     gpus.py            gpus, gpus clear
     automations_commands.py  automations sync|save-paused
     watch_commands.py  watch
+    docs_commands.py   docs
 """
 
 from __future__ import annotations
 
 # Importing a group registers its commands on the app: `relaunch --help` lists them in the order of these imports.
 # isort: off
-from relaunch.cli import demo, recovery, control, host_tools, agent_commands, gpus, automations_commands, watch_commands  # noqa: F401
+from relaunch.cli import demo, recovery, control, host_tools, agent_commands, gpus, automations_commands, watch_commands, docs_commands  # noqa: F401
 
 # isort: on
 from relaunch.cli.root import app
