@@ -34,7 +34,7 @@ def _title(text: str) -> str:
 
 @app.command("docs")
 def docs_command(name: str | None = typer.Argument(None, help="A doc's name (operations, design, ...); none: list them.")) -> None:
-    """Print one of relaunch's docs (docs/NAME.md of the repository, shipped in the package), or list them."""
+    """Print one of relaunch's docs (shipped in the package), or list them."""
     docs = shipped()
     if name is None:
         width = max(map(len, docs))
