@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -105,12 +106,17 @@ def ssh_hosts(stack: ExitStack, work: Path, n: int) -> list:
 def make_targets(work: Path, n: int, step_seconds: float, hosts: list | None = None):
     from relaunch.testing.targets import shell_target
 
-    base = shell_target(work / "shared", name="bench")  # one repo and lock; each target its own logs, state folder and session
+    base = shell_target(work / "shared", name="bench")  # one lock and venv; each target its own repo, logs, state folder and session
+    for i in range(n):
+        # Its own checkout: a launch refuses beside a process running the same program in the same repo_dir (a trainer
+        # started by hand), and network namespaces share one process table.
+        shutil.copytree(base.repo_dir, work / f"t{i:03d}" / "repo", symlinks=True)
     return [
         base.model_copy(
             update={
                 "name": f"bench{i:03d}",
                 "tmux_session": f"{base.tmux_session}-{i:03d}",
+                "repo_dir": str(work / f"t{i:03d}" / "repo"),
                 "log_dir": str(work / f"t{i:03d}" / "logs"),
                 "state_dir": str(work / f"t{i:03d}" / "state"),  # a state folder is one target's (launch refuses a shared one)
                 "env": {"STEP_SECONDS": str(step_seconds)},
