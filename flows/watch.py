@@ -2,8 +2,9 @@
 
 One loop over every watched target (a host is reached through its one shared connection, relaunch.transport), every
 `interval_seconds`: a cheap look each (relaunch/host/pulse.sh, relaunch/watching.py), all hosts of a round at once.
-A round judges the looks that came back within it; a host slow to answer (one that hangs until its connect timeout)
-keeps its own look out across rounds and holds no other host's.
+`run` keeps one look out per target, held on its host while the trainer lives (pulse.sh returns the moment the
+trainer's exit is recorded), and judges each look as it comes back: a death is handed over within a nap of it,
+whatever the interval. A host slow to answer (one that hangs until its connect timeout) holds only its own look.
 The watch itself stops nothing and judges nothing: a death it sees starts the recover-training flow, whose full check,
 locks and never-harm rules decide what happens, exactly as for `relaunch recover`. What it sees is also a Prefect
 event (`relaunch.trainer.died`, `relaunch.host.unreachable`), for the UI and for automations.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -44,11 +45,13 @@ class Watched:
     recovery: Future[Report] | None = None
     looking: Future[Pulse] | None = None  # the look still out (a host slow to answer keeps it across rounds)
     slow: bool = False  # that it is slow was said, for this look
+    looked_at: float = 0.0  # when the look out (or the last) was sent (monotonic)
+    looks: int = 0  # looks judged
     last: Seen | None = None
 
 
-def look(target: Target) -> Pulse:
-    return parse_pulse(run(transport_for(target.host), plan_pulse(target)).stdout)
+def look(target: Target, hold_seconds: float = 0.0) -> Pulse:
+    return parse_pulse(run(transport_for(target.host), plan_pulse(target, hold_seconds)).stdout)
 
 
 def _recover(target: Target) -> Report:
@@ -178,12 +181,37 @@ class Watch:
         w.last = None  # the next look is said, whatever it is
 
     def run(self, interval_seconds: float, rounds: int | None = None) -> None:
-        done = 0
-        while not self.stopping.is_set() and (rounds is None or done < rounds):
-            started = time.monotonic()
-            self.round(wait_seconds=interval_seconds)
-            done += 1
-            self.stopping.wait(max(0.0, interval_seconds - (time.monotonic() - started)))
+        """Until stopped (or each target's `rounds` looks are judged): one look out per target without a recovery, held
+        on its host up to `interval_seconds`, sent at most once per interval; each judged as it returns. Files are
+        re-read every interval."""
+        reloaded = float("-inf")
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            if now - reloaded >= interval_seconds:
+                self.reload()
+                reloaded = now
+            for w in self.watched.values():
+                due = w.recovery is None and w.looking is None and now >= w.looked_at + interval_seconds
+                if due and (rounds is None or w.looks < rounds):
+                    w.looking, w.slow, w.looked_at = self.pool.submit(look, w.target, interval_seconds), False, now
+            out = [f for w in self.watched.values() for f in (w.looking, w.recovery) if f is not None]
+            if rounds is not None and not out and all(w.looks >= rounds for w in self.watched.values()):
+                break
+            # Woken by the first look or recovery to end; at least once a second for a stop, every interval for the files.
+            wait(out, timeout=min(1.0, interval_seconds), return_when=FIRST_COMPLETED)
+            for w in self.watched.values():
+                if w.looking is not None and w.looking.done():
+                    self._looked(w)
+                    w.looks += 1
+                    if w.last is Seen.DYING:
+                        w.looked_at = float("-inf")  # its exit is being recorded: look again at once
+                elif w.looking is not None and not w.slow and time.monotonic() - w.looked_at > interval_seconds + 30:
+                    w.slow = True
+                    self.say(
+                        f"{w.target.name}: {w.target.host.label} has not answered within {interval_seconds + 30:.0f} s; the others are watched on"
+                    )
+                if w.recovery is not None and w.recovery.done():
+                    self._recovered(w)
         self.finish()
 
     def finish(self) -> None:

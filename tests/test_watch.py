@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -213,6 +216,39 @@ def test_a_look_reads_the_recorded_trainer_alive_then_dead_with_its_exit_record(
         assert not dead.pid_alive and dead.exit_code == 137 and seen(dead) is Seen.DIED
     finally:
         stop_all(target)
+
+
+def test_a_held_look_lasts_its_hold_while_the_trainer_lives_and_ends_at_its_death_with_the_exit_code(tmp_path):
+    target = shell_target(tmp_path)
+    detail, _ = launch.fn(target, 1)
+    try:
+        started = time.monotonic()
+        alive = look(target, hold_seconds=1.0)
+        assert alive.pid_alive and time.monotonic() - started >= 1.0, "held while the trainer lives"
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            held = pool.submit(look, target, 120.0)
+            os.kill(detail.pid, signal.SIGKILL)
+            dead = held.result(timeout=30)  # long before its hold is over
+        assert not dead.pid_alive and dead.exit_code == 137 and seen(dead) is Seen.DIED, dead
+    finally:
+        stop_all(target)
+
+
+def test_the_running_watch_hands_a_death_over_long_before_its_interval_is_over(tmp_path, prefect_harness, lines):
+    target = shell_target(tmp_path)
+    first, _ = launch.fn(target, 1)
+    watch = Watch([write_target(tmp_path / "target.yaml", target)], lines.append)
+    runner = threading.Thread(target=watch.run, args=(300.0,), daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: watch.watched.get(target.name) and watch.watched[target.name].looking is not None, 30, "the first look")
+        os.kill(first.pid, signal.SIGKILL)
+        wait_for(lambda: any("died" in line for line in lines), 30, "the death handed over, its look held for 300 s")
+    finally:
+        watch.stopping.set()
+        runner.join(300)
+        stop_all(target)
+    assert not runner.is_alive() and len(runs(target)) == 2, lines
 
 
 def test_relaunch_watch_as_typed_watches_for_its_rounds_and_refuses_a_file_that_is_not_there(tmp_path):

@@ -1,4 +1,4 @@
-"""`relaunch watch`: every watched target looked at every few seconds; a death starts its recovery that round."""
+"""`relaunch watch`: one look out per watched target, held while its trainer lives; a death starts its recovery at once."""
 
 from __future__ import annotations
 
@@ -12,12 +12,16 @@ from relaunch.cli.root import app, errors
 
 @app.command()
 def watch(
-    files: list[Path] = typer.Argument(..., metavar="FILE", help="Target or fleet YAML files, re-read every round (an edit is picked up)."),
+    files: list[Path] = typer.Argument(
+        ..., metavar="FILE", help="Target or fleet YAML files, re-read every interval (an edit is picked up)."
+    ),
     interval_seconds: float = typer.Option(10.0, "--interval-seconds", min=0.5, help="Seconds between two looks at a target."),
-    rounds: int | None = typer.Option(None, "--rounds", min=1, help="Stop after this many rounds (default: until Ctrl-C or SIGTERM)."),
+    rounds: int | None = typer.Option(
+        None, "--rounds", min=1, help="Stop after this many looks at each target (default: until Ctrl-C or SIGTERM)."
+    ),
 ) -> None:
-    """Look at each target's trainer every --interval-seconds (its recorded PID, its exit record: a few file reads per
-    host over one connection) and start recover-training the round a death is seen. Stops nothing itself: the
+    """Watch each target's trainer (its recorded PID, its exit record: a few file reads per host over one connection,
+    held on the host up to --interval-seconds while it lives) and start recover-training the moment it dies. Stops nothing itself: the
     recovery's full check, locks and never-harm rules decide, as for `relaunch recover`. Ctrl-C or SIGTERM end it after
     any recovery it started."""
     import signal

@@ -5,7 +5,7 @@
 # person's stop. No log, no process table, no GPU: the full check reads those once something changed.
 # shellcheck source=lib.sh
 . ./lib.sh
-state=$1 identity=$2
+state=$1 identity=$2 hold_ms=${3:-0}
 if owner=$(foreign_state "$state" "$identity"); then echo "foreign $owner"; exit 0; fi
 run_id=$(current_run "$state") || run_id=''
 echo "run_id $run_id"
@@ -15,6 +15,17 @@ run=$(run_folder "$state" "$run_id")
 pid='' pstart='' spid='' sstart='' exit_code=''
 read_pid "$run/pid" pid pstart
 read_pid "$run/supervisor_pid" spid sstart
+# Held (hold_ms): the look returns when the recorded trainer's exit is recorded (or trainer and supervisor are gone)
+# or a person stops the target, else when the hold is over; so the watch hears of a death within a nap, whatever its interval. A nap is a
+# read that times out (no process): five reads of /proc a second, while the trainer lives.
+t=0
+now_us t; end=$(( t + hold_ms * 1000 ))
+# A trainer just dead is held for too, while its supervisor lives to record the exit: the look then returns a death
+# with its code rather than one still being recorded.
+while [ "$t" -lt "$end" ] && [ ! -e "$run/exit_code" ] && [ ! -e "$state/stopped" ] && { alive "$pid" "$pstart" || alive "$spid" "$sstart"; }; do
+  nap 0.2; now_us t
+done
+[ "$hold_ms" -gt 0 ] && [ -e "$state/stopped" ] && echo "stopped 1"
 # Liveness before the exit record (as snapshot.sh): a supervisor ending between the two reads no death without a code.
 pid_up=0 sup_up=0
 alive "$pid" "$pstart" && pid_up=1

@@ -22,9 +22,17 @@ class Pulse(BaseModel):
     foreign: str | None = Field(None, description="The state folder is another target's (its identity): never acted on.")
 
 
-def plan_pulse(target: Target) -> Command:
-    """The host command of one look (relaunch/host/pulse.sh): a few file reads and two /proc reads."""
-    return script(host_script("pulse"), target.state_path, state_identity(target), label="watch look", timeout_seconds=30)
+def plan_pulse(target: Target, hold_seconds: float = 0.0) -> Command:
+    """The host command of one look (relaunch/host/pulse.sh): a few file reads and two /proc reads. Held up to
+    `hold_seconds` while the recorded trainer lives: it returns at once when the trainer dies."""
+    return script(
+        host_script("pulse"),
+        target.state_path,
+        state_identity(target),
+        str(int(hold_seconds * 1000)),
+        label="watch look",
+        timeout_seconds=30 + hold_seconds,
+    )
 
 
 def parse_pulse(stdout: str) -> Pulse:
