@@ -81,7 +81,7 @@ def check_fleet(
     candidates = _sick(targets, results, rows, sick + unreachable)
     found = incidents(candidates, incident_window_minutes, incident_min_hosts)
     for incident in found:
-        _announce_incident(incident, targets)
+        announce_incident(incident, targets)
         fleet.incidents.append(incident.summary())
         for m in incident.members:
             rows[m.index].incident = incident.label
@@ -185,7 +185,7 @@ def _sick(targets: list[Target], results: list[HealthResult | BaseException], ro
     return out
 
 
-def _announce_incident(incident: Incident, targets: list[Target]) -> None:
+def announce_incident(incident: Incident, targets: list[Target]) -> None:
     """One event for the incident, naming every host, about the target recovered first (related: the others)."""
     first = targets[incident.members[0].index]
     log().warning("%s", incident.summary())

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -25,13 +26,18 @@ from pydantic import Field
 
 from relaunch.config import Target, load_targets
 from relaunch.errors import RelaunchError
+from relaunch.flows.fleet import announce_incident
 from relaunch.flows.outcome import emit, report_of, run_tags
 from relaunch.flows.recover import recover_training
+from relaunch.incidents import Sick, incidents
 from relaunch.plans.watch import Pulse, parse_pulse, plan_pulse
 from relaunch.report import Report
 from relaunch.tasks.memory import read_handed, write_handed
 from relaunch.transport import run, transport_for
 from relaunch.watching import Seen, hand_over, seen
+
+# As the fleet's default: hosts that stopped answering within this many minutes of each other are one incident.
+INCIDENT_WINDOW_MINUTES = 10.0
 
 
 @dataclass
@@ -45,6 +51,7 @@ class Watched:
     recovery: Future[Report] | None = None
     looking: Future[Pulse] | None = None  # the look still out (a host slow to answer keeps it across rounds)
     slow: bool = False  # that it is slow was said, for this look
+    unreachable_since: datetime | None = None  # when its look first failed, this streak
     looked_at: float = 0.0  # when the look out (or the last) was sent (monotonic)
     looks: int = 0  # looks judged
     last: Seen | None = None
@@ -76,6 +83,7 @@ class Watch:
         self.bad: dict[Path, str] = {}
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="relaunch-watch")
         self.stopping = threading.Event()
+        self.partitioned: set[str] = set()  # hosts of a partition already said
         for target in targets:
             self._add(target, None)
 
@@ -126,6 +134,7 @@ class Watch:
                 self.say(f"{w.target.name}: {w.target.host.label} has not answered within {wait_seconds:.0f} s; the others are watched on")
             if w.recovery is not None and w.recovery.done():
                 self._recovered(w)
+        self._partition()
 
     def _looked(self, w: Watched) -> None:
         future, w.looking = w.looking, None
@@ -137,7 +146,8 @@ class Watch:
             return
         if w.unreachable is not None:
             self.say(f"{w.target.name}: {w.target.host.label} answers again")
-            w.unreachable = None
+            w.unreachable, w.unreachable_since = None, None
+            self.partitioned.discard(w.target.host.label)
         self._judge(w, pulse)
 
     def _unreachable(self, w: Watched, exc: RelaunchError) -> None:
@@ -146,7 +156,24 @@ class Watch:
         if w.unreachable is None:
             self.say(f"{w.target.name}: {w.target.host.label} cannot be reached ({first}); not a death: watching on")
             emit("relaunch.host.unreachable", w.target, None, reason=first[:300])
+            w.unreachable_since = datetime.now(UTC)
         w.unreachable = first
+
+    def _partition(self) -> None:
+        """Hosts that stopped answering within INCIDENT_WINDOW_MINUTES of each other are one incident, as in the fleet
+        (relaunch/incidents.py): said once, and one `relaunch.fleet.incident` event, not one alarm per host."""
+        down = [w for w in self.watched.values() if w.unreachable_since is not None]
+        sick = [
+            Sick(index=i, target=w.target.name, host=w.target.host.label, verdict=None, failed_at=w.unreachable_since)
+            for i, w in enumerate(down)
+            if w.unreachable_since is not None
+        ]
+        for incident in incidents(sick, INCIDENT_WINDOW_MINUTES):
+            if set(incident.hosts) <= self.partitioned:
+                continue
+            self.partitioned |= set(incident.hosts)
+            self.say(incident.summary())
+            announce_incident(incident, [w.target for w in down])
 
     def _judge(self, w: Watched, pulse: Pulse) -> None:
         now = seen(pulse)
@@ -212,6 +239,7 @@ class Watch:
                     )
                 if w.recovery is not None and w.recovery.done():
                     self._recovered(w)
+            self._partition()
         self.finish()
 
     def finish(self) -> None:

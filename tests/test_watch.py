@@ -128,6 +128,30 @@ def test_a_host_that_cannot_be_reached_is_no_death_and_is_said_once_per_streak(t
     watch.finish()
     assert watch.watched[away.name].recovery is None and watch.watched[away.name].unreachable, lines
     assert sum("cannot be reached" in line for line in lines) == 1, lines
+    assert not any("one incident" in line for line in lines), "one host down is no partition"
+
+
+def test_hosts_that_stop_answering_together_are_one_partition_said_once(tmp_path, prefect_harness, lines):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    sources = []
+    for i in range(3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # closed once the block ends: refused
+        away = shell_target(
+            tmp_path / f"h{i}",
+            name=f"away{i}",
+            host=Host(kind="ssh", hostname="127.0.0.1", port=port, user="root", known_hosts_path=str(known)),
+        )
+        sources.append(write_target(tmp_path / f"away{i}.yaml", away))
+    watch = Watch(sources, lines.append)
+    for _ in range(3):
+        watch.round()
+    watch.finish()
+    said = [line for line in lines if line.startswith("one incident: unreachable on 3 hosts")]
+    assert len(said) == 1 and "nothing is stopped or launched on them" in said[0], lines
+    assert all(w.recovery is None for w in watch.watched.values())
 
 
 def test_a_host_that_hangs_holds_only_its_own_look_and_a_death_elsewhere_is_handed_over_meanwhile(tmp_path, prefect_harness, lines):
