@@ -28,7 +28,8 @@ done
 [ "$hold_ms" -gt 0 ] && [ -e "$state/stopped" ] && echo "stopped 1"
 # Liveness before the exit record (as snapshot.sh): a supervisor ending between the two reads no death without a code.
 pid_up=0 sup_up=0
-alive "$pid" "$pstart" && pid_up=1
+# A process on its way out (a zombie not yet reaped, a SIGKILL pending) is read as gone: it trains no more.
+alive "$pid" "$pstart" && ! dying "$pid" && pid_up=1
 alive "$spid" "$sstart" && sup_up=1
 slurp exit_code "$run/exit_code"
 echo "pid $pid"

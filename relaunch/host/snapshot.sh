@@ -153,7 +153,8 @@ done
 # recorded the exit and ended after the record was read (its trainer dying meanwhile) would otherwise read as a
 # death with no exit code and no supervisor left to write one: silent_exit, for a trainer that exited with a code.
 pid_up=0 sup_up=0
-alive "$pid" "$pstart" && pid_up=1
+# A process on its way out (a zombie not yet reaped, a SIGKILL pending) is read as gone: it trains no more.
+alive "$pid" "$pstart" && ! dying "$pid" && pid_up=1
 alive "$spid" "$sstart" && sup_up=1
 slurp log "$run/log_path"; slurp exit_code "$run/exit_code"; slurp started "$run/started_at"; slurp checkpoint "$run/checkpoint"
 [ -n "$run_id" ] && follow_log
