@@ -50,12 +50,7 @@ def main() -> None:
 
     t0 = time.monotonic()
     with ExitStack() as stack:
-        if not os.environ.get("PREFECT_API_URL"):
-            from prefect.testing.utilities import prefect_test_harness
-
-            os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="relaunch-bench-prefect-"))
-            stack.enter_context(prefect_test_harness(server_startup_timeout=120))
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relaunch-bench-")))
+        work = bench_work(stack)
         log(f"server up ({time.monotonic() - t0:.1f} s)")
         hosts_seconds = None
         if args.ssh:
@@ -88,6 +83,17 @@ def main() -> None:
             indent=2,
         )
     )
+
+
+def bench_work(stack: ExitStack) -> Path:
+    """A work folder for the bench, removed when the stack closes; and a temporary Prefect server (SQLite) unless
+    PREFECT_API_URL names one."""
+    if not os.environ.get("PREFECT_API_URL"):
+        from prefect.testing.utilities import prefect_test_harness
+
+        os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="relaunch-bench-prefect-"))
+        stack.enter_context(prefect_test_harness(server_startup_timeout=120))
+    return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relaunch-bench-")))
 
 
 def log(message: str) -> None:

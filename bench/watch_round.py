@@ -24,19 +24,15 @@ import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-os.environ.setdefault("DO_NOT_TRACK", "1")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The fleet bench's hosts, targets and launches; importing it also sets its environment (no telemetry, quiet logs,
+# this interpreter's bin first on PATH) and puts the checkout on sys.path.
+from fleet_checks import bench_work, launch_all, log, make_targets, ssh_hosts, stop_all  # noqa: E402
 
 
 def main() -> None:
@@ -49,16 +45,9 @@ def main() -> None:
     args = parser.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",")})
 
-    from fleet_checks import launch_all, log, make_targets, ssh_hosts, stop_all
-
     t0 = time.monotonic()
     with ExitStack() as stack:
-        if not os.environ.get("PREFECT_API_URL"):
-            from prefect.testing.utilities import prefect_test_harness
-
-            os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="relaunch-bench-prefect-"))
-            stack.enter_context(prefect_test_harness(server_startup_timeout=120))
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relaunch-bench-")))
+        work = bench_work(stack)
         start = time.monotonic()
         hosts = ssh_hosts(stack, work, max(sizes))
         log(f"{len(hosts)} hosts in network namespaces, each with its sshd ({time.monotonic() - start:.1f} s)")
@@ -85,8 +74,6 @@ def main() -> None:
 
 
 def measure(targets: list, args: argparse.Namespace) -> dict:
-    from fleet_checks import log
-
     from relaunch.flows.watch import Watch
     from relaunch.transport import close_all
 
