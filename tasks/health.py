@@ -44,6 +44,7 @@ def collect_snapshot(
     wake_on_log_write: bool = False,
     seen: Diagnosis | None = None,
     seen_in: HealthSnapshot | None = None,
+    wake_floor_seconds: float = 0.2,
 ) -> HealthSnapshot:
     """One poll. `seen`/`seen_in`: the previous poll's verdict and snapshot, whose step this poll journals on the host
     (RUN/journal) and whose wish for stacks it honours."""
@@ -57,6 +58,7 @@ def collect_snapshot(
         wake_on_log_write=wake_on_log_write,
         seen_step=(at, step) if at is not None and step is not None else None,
         want_stacks=bool(seen and seen.want_stacks),
+        wake_floor_seconds=wake_floor_seconds,
     )
     snap = parse_snapshot(execute(target, command).stdout, target.host.label, nonce)
     if snap.state_owner:
@@ -94,7 +96,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
     while True:
         wait = 0 if fresh else min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
         fresh = False
-        snap = collect_snapshot(target, wait, stepping_toward_a_verdict(last, progress), *(previous if previous else (None, None)))
+        snap = collect_snapshot(target, wait, last is Verdict.STARTING, *(previous or (None, None)), wake_floor(progress))
         polls += 1
         if not asked_to_adopt and adoptable(snap):
             # Once per check: a refused adoption (another target's state folder, a trainer of ours alive
@@ -138,12 +140,13 @@ def adopt_foreign(target: Target) -> bool:
     return True
 
 
-def stepping_toward_a_verdict(last: Verdict | None, progress: Progress) -> bool:
-    """A start-up whose trainer prints step lines: the next line may settle the verdict, so a poll returns at it.
+def wake_floor(progress: Progress) -> float:
+    """How soon a start-up's poll may return at a write to the log (the poll wakes on it only while `starting`).
 
-    Only then: a step line settles a start-up in a few polls, while a wait on a chatty log in other states
-    (a stall window, a long start-up's loading lines) would poll at every line."""
-    return last is Verdict.STARTING and progress.last_step is not None
+    The first write and every write after it may hold the step line that settles the verdict, so the poll does not
+    wait out its interval past it. Before the first step line, at most one poll a second: a start-up's loading and
+    compile lines may come many a second for minutes. After it, 0.2 s: the next step lines settle the verdict."""
+    return 0.2 if progress.last_step is not None else 1.0
 
 
 def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:
@@ -160,8 +163,10 @@ def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None
 
     def poll(k: int, wait: float) -> tuple[NodeHealth, HealthSnapshot | None]:
         node = nodes[k]
+        seen = previous.get(k, (None, None))
+        starting = seen[0] is not None and seen[0].verdict is Verdict.STARTING
         try:
-            snap = collect_snapshot(node, wait, False, *previous.get(k, (None, None)))
+            snap = collect_snapshot(node, wait, starting, *seen, wake_floor(progress[k]))
         except TransportError as exc:
             return NodeHealth(node=k, host=node.host.label, unreachable=str(exc).splitlines()[0]), None
         progress[k] = advance(progress[k], snap, t)

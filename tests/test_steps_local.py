@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from relaunch.config import Thresholds
 from relaunch.errors import CommandFailed, PreflightFailed
 from relaunch.host import host_script
 from relaunch.tasks.health import collect_snapshot, poll_until_settled
@@ -51,6 +52,17 @@ def test_launch_records_pid_and_the_log_gets_the_trainers_output(target):
     assert result.diagnosis.verdict is Verdict.HEALTHY
     assert "step=3" in Path(record.log_path).read_text()
     assert tmux_alive(target.tmux_session)
+
+
+def test_a_start_up_poll_returns_at_the_first_step_line_not_at_the_end_of_its_interval(made):
+    # Issue 33: from a launch to healthy without a fixed wait. The trainer's first step line comes 2 s after its start;
+    # the poll interval is 60 s. A start-up poll wakes on the log's writes, so the verdict settles at the line.
+    thresholds = Thresholds(startup_grace_seconds=120, poll_interval_seconds=60, settle_timeout_seconds=120, healthy_steps=1)
+    t = made(env={"START_SECONDS": "2"}, thresholds=thresholds)
+    launch.fn(t, 1)
+    result = poll_until_settled(t)
+    assert result.diagnosis.verdict is Verdict.HEALTHY, result.diagnosis
+    assert result.seconds < 30, f"settled {result.seconds} s after the launch: a poll waited out its 60 s interval"
 
 
 def test_exit_code_is_recorded_and_a_death_ends_the_poll_at_once(made):

@@ -6,7 +6,7 @@
 # shellcheck source=lib.sh
 . ./lib.sh
 state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10} logdir=${11} ckpt=${12}
-wake=${13:-0} identity=${14:-} seen_step=${15:-} want_stacks=${16:-0} repo=${17:-} command=${18:-}
+wake_ms=${13:-0} identity=${14:-} seen_step=${15:-} want_stacks=${16:-0} repo=${17:-} command=${18:-}
 # py-spy where relaunch brought it (capture_stacks: STATE/tools) or on PATH; asked for only when stacks are wanted.
 pyspy=''
 if [ "$want_stacks" = 1 ]; then
@@ -134,10 +134,10 @@ pid='' pstart='' spid='' sstart='' rpane='' rpane_start='' t=0 log='' exit_code=
 now_us t; end=$(( t + wait_ms * 1000 ))
 # RUN/poll_mark is written (a redirection, no process) as each poll reads the log: a log newer than it (`-nt`,
 # no process either) was written after the last poll read it. A write in the same clock tick as the mark goes
-# unseen until the next one: a poll returns late then, never early. Not before 200 ms: a log written many times
-# a second makes at most five polls a second.
-ref='' log='' wake_from=$(( t + 200000 ))
-if [ "$wake" = 1 ] && [ -n "$run_id" ] && [ -f "$run/poll_mark" ]; then slurp log "$run/log_path"; follow_log; ref=$run/poll_mark; fi
+# unseen until the next one: a poll returns late then, never early. Not before WAKE_MS (the 13th argument, 0: no
+# wake): a log written many times a second makes at most one poll per WAKE_MS.
+ref='' log='' wake_from=$(( t + wake_ms * 1000 ))
+if [ "$wake_ms" -gt 0 ] && [ -n "$run_id" ] && [ -f "$run/poll_mark" ]; then slurp log "$run/log_path"; follow_log; ref=$run/poll_mark; fi
 while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && now_us t && [ "$t" -lt "$end" ]; do
   [ -n "$ref" ] && [ "$t" -ge "$wake_from" ] && [ "$log" -nt "$ref" ] && break
   nap 0.05
