@@ -24,10 +24,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One real (temporary) Prefect server for the whole session: ~7 s once, not per test."""
+    """One real (temporary) Prefect server for the whole session: ~7 s once, not per test.
+
+    Up to 240 s to answer its health check: with every core busy (`make test` beside two CPU hogs on two cores, four
+    workers each starting its own server and migrating its database at once) a start took over 60 s, and a
+    session-scoped start that fails fails every test of that worker that needs the server (133 errors, no verdict wrong)."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=240):
         yield
 
 
