@@ -1,6 +1,6 @@
 """A killed demo trainer, watched by `relaunch watch`, back to healthy: against the same trainer started by hand.
 
-    python bench/watch_recovery.py [--device cpu|cuda] [--kills N] [--hand-runs N] [--interval-seconds 10]
+    python bench/watch_recovery.py [--device cpu|cuda] [--kills N] [--hand-runs N] [--hand-runs-after N] [--interval-seconds 10]
                                    [--workdir DIR] [--progress FILE]
 
 One run, one warm torch.compile cache. The demo's healthy scenario target (relaunch.demo.scenarios.prepare: the
@@ -15,7 +15,7 @@ trainer launched until healthy), then stopped. Then:
     out on it and it has written a newer checkpoint: seconds from the SIGKILL to the watch's "died" hand-over, to the
     recovery's healthy verdict (the last attempt's observation), and to the recovery's return; each with the
     recovery's own phases (first check, each step, launch to verdict, verdict to return).
-One more hand run follows the kills (the same cache and page cache after them). Target: kill->healthy <= hand + 2 s.
+--hand-runs-after more hand runs follow the kills (the same cache and page cache after them). Target: kill->healthy <= hand + 2 s.
 Prints one JSON line (bench/record.py keeps it); with --progress, each sample is appended to FILE as it comes.
 """
 
@@ -218,7 +218,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda where torch sees a GPU")
     p.add_argument("--kills", type=int, help="default: 5 on the CPU, 3 on a GPU")
-    p.add_argument("--hand-runs", type=int, help="hand starts before the kills (one more follows them); default: --kills - 1")
+    p.add_argument("--hand-runs", type=int, help="hand starts before the kills; default: --kills - 1")
+    p.add_argument("--hand-runs-after", type=int, default=1, help="hand starts after the kills (the caches as warm as theirs)")
     p.add_argument("--interval-seconds", type=float, default=10.0)
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "relaunch-watch-recovery")
     p.add_argument("--progress", type=Path, help="append each sample to this file as one JSON line")
@@ -270,8 +271,9 @@ def main() -> int:
                 kills_.watch.stopping.set()
                 kills_.runner.join(600)
             stop.fn(target)
-            hand.append(by_hand(target, hand_runs + 1))
-            note("by_hand", hand[-1])
+            for i in range(hand_runs + 1, hand_runs + a.hand_runs_after + 1):
+                hand.append(by_hand(target, i))
+                note("by_hand", hand[-1])
         finally:
             stop.fn(target)
     hand_s = [float(h["nth_step_seconds"]) for h in hand]
@@ -285,6 +287,8 @@ def main() -> int:
         "by_hand": hand,
         "kills": relaunched,
         "by_hand_nth_step": summary(hand_s, unit="seconds", digits=2) if hand_s else None,
+        # The hand starts after the kills read caches as warm as the relaunches did: the fairest pairing.
+        "by_hand_after_kills_nth_step": summary(hand_s[hand_runs:], unit="seconds", digits=2) if hand_s[hand_runs:] else None,
         "kill_to_handover": summary([float(k["handed_over_seconds"]) for k in relaunched], unit="seconds", digits=2)
         if relaunched
         else None,

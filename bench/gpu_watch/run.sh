@@ -2,7 +2,7 @@
 # bench/watch_recovery.py on a GPU machine, --device cuda: the demo trainer started by hand against the same trainer
 # SIGKILLed under relaunch's watch and recovered (one run, one warm compile cache). From the repo root, .whl/ carried
 # (bench/carried_wheels.sh):
-#   [KILLS=3] [HAND_RUNS=2] [LIMIT_S=480] bash bench/gpu_watch/run.sh OUTDIR
+#   [KILLS=3] [HAND_RUNS=2] [HAND_AFTER=1] [LIMIT_S=480] bash bench/gpu_watch/run.sh OUTDIR
 # Writes to OUTDIR as it goes (a call cut short still brings back what was measured): env.txt, pip.txt,
 # progress.jsonl (each sample as it comes), watch_recovery.txt (the benchmark's stderr and stdout),
 # watch_recovery_gpu.json (bench/record.py's record), logs.tar (the trainer's logs: warm-up, by hand, each relaunch).
@@ -29,7 +29,7 @@ installed_layout "$PWD" /tmp/relaunch_src || exit 3
 export PYTHONPATH="/tmp/site:/tmp/relaunch_src:$PWD"
 echo "== watch_recovery at $(date -u +%T)"
 timeout -k 10 "${LIMIT_S:-480}" python3 bench/record.py watch_recovery_gpu -- python3 bench/watch_recovery.py --device cuda \
-  --kills "${KILLS:-3}" --hand-runs "${HAND_RUNS:-2}" --workdir "$work" --progress "$out/progress.jsonl" > "$out/watch_recovery.txt" 2>&1
+  --kills "${KILLS:-3}" --hand-runs "${HAND_RUNS:-2}" --hand-runs-after "${HAND_AFTER:-1}" --workdir "$work" --progress "$out/progress.jsonl" > "$out/watch_recovery.txt" 2>&1
 rc=$?
 echo "== watch_recovery exit code $rc at $(date -u +%T)" | tee -a "$out/watch_recovery.txt"
 tail -n 30 "$out/watch_recovery.txt"
