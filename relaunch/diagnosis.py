@@ -845,7 +845,7 @@ def classify_failure(lines: list[str]) -> Failure | None:
     read from its `[rankN]:` lines; a native signal in torchrun's failure table) is the cause, whatever the order of the
     ranks' lines; torchrun's root cause decides between several, the earliest otherwise."""
     first = _first_failure(lines)
-    if first is not None and not _knock_on(first) and not WRAPPER_EXCEPTIONS.search(first[2][-1]):
+    if _own(first) is not None:
         return first
     return _own_rank_failure(lines, first) or first
 
@@ -855,24 +855,43 @@ def _knock_on(failure: Failure) -> bool:
     return failure[0] is Cause.DISTRIBUTED_FAILURE and any(PEER_LOST.search(line) for line in failure[2])
 
 
+def _own(found: Failure | None) -> Failure | None:
+    """`found` where it is a failure of its own: neither a lost peer (a knock-on) nor only a launcher's wrapper."""
+    return None if found is None or _knock_on(found) or WRAPPER_EXCEPTIONS.search(found[2][-1]) else found
+
+
 def _own_rank_failure(lines: list[str], first: Failure | None) -> Failure | None:
     """The failure of a rank that failed by itself, beside ranks that only lost it; None where no rank did."""
     root, table = root_cause(lines), failed_ranks(lines)
-    # (rank, where in the log, its failure)
-    own: list[tuple[int, int, Failure]] = []
-    for rank, numbered in rank_lines(lines).items():
-        found = _first_failure([line for _, line in numbered])
-        if found is None or _knock_on(found) or WRAPPER_EXCEPTIONS.search(found[2][-1]):
+    # (rank, where in the log, its failure); rank None: a failure in lines no rank prefixed, whose rank is not known
+    own: list[tuple[int | None, int, Failure]] = []
+    ranks = rank_lines(lines)
+    for rank, numbered in ranks.items():
+        found = _own(_first_failure([line for _, line in numbered]))
+        if found is None:
             continue
         at = next((i for i, line in numbered if line.rstrip() == found[2][0]), numbered[0][0])
         own.append((rank, at, (found[0], found[1], [f"[rank{rank}]: {line}" for line in found[2]])))
     # A rank that died of its own native signal prints nothing; torchrun's table says it. An abort after a distributed
     # error is that error's consequence (C++'s terminate), not a rank's own crash.
     distributed = first is not None and first[0] is Cause.DISTRIBUTED_FAILURE
+    aborted = [failure.rank for failure in table if failure.signal_number == 6]
     for failure in table:
         signal = failure.signal_number
         if signal in NATIVE_SIGNALS and not (signal == 6 and distributed) and failure.rank not in {r for r, _, _ in own}:
             own.append((failure.rank, len(lines), (Cause.NATIVE_CRASH, None, [failure.describe("its own native signal")])))
+    if ranks or table:
+        # A log of several ranks: C++'s terminate writes a rank's last words with no `[rankN]:` (the runtime's, not torch's
+        # logging), so a rank's own uncaught error can sit in the unprefixed lines, wherever its peers' knock-on landed.
+        # It is the aborted rank's, where torchrun names one rank that aborted.
+        prefixed = {i for numbered in ranks.values() for i, _ in numbered}
+        plain = [(i, line) for i, line in enumerate(lines) if i not in prefixed and CXX_TERMINATE.match(line)]
+        found = next((f for i, _ in plain if (f := _own(_first_failure(lines[i:]))) and CXX_TERMINATE.match(f[2][0])), None)
+        if found is not None:
+            at = next((i for i, line in plain if line.rstrip() == found[2][0]), len(lines))
+            owner = aborted[0] if len(aborted) == 1 and found[0] is Cause.DISTRIBUTED_FAILURE else None
+            own = [o for o in own if owner is None or o[0] != owner]
+            own.append((owner, at, found))
     if not own:
         return None
     rank, _, (cause, package, decisive) = min(own, key=lambda o: (not (root and root.rank == o[0]), o[1]))
@@ -883,12 +902,13 @@ def _own_rank_failure(lines: list[str], first: Failure | None) -> Failure | None
         if root
         else ""
     )
+    who = f"rank {rank}" if rank is not None else "a rank"
     if first is not None and _knock_on(first):
-        note = f"rank {rank} failed by itself{named}; its peers only lost it: {first[2][0]}"
+        note = f"{who} failed by itself{named}; its peers only lost it: {first[2][0]}"
     elif first is not None:
-        note = f"rank {rank} failed by itself{named}: its own error, which {first[2][-1].strip()} only carries"
+        note = f"{who} failed by itself{named}: its own error, which {first[2][-1].strip()} only carries"
     else:
-        note = f"rank {rank} failed by itself{named}"
+        note = f"{who} failed by itself{named}"
     return cause, package, [note, *decisive]
 
 
@@ -915,7 +935,7 @@ def _first_failure(lines: list[str]) -> Failure | None:
             elif pattern.search(stripped):
                 narrower, because = _refined(cause, lines, index)
                 # C++'s terminate: its `what():` line is the message (the next Python exception line is another's).
-                what = CXX_TERMINATE.match(stripped) and next((x.strip() for x in lines[index + 1 : index + 3] if "what():" in x), None)
+                what = CXX_TERMINATE.match(stripped) and _what_line(lines, index)
                 decisive = [stripped, what] if what else _with_exception_line(lines, index)
                 return narrower, None, decisive + ([because.strip()] if because and because.strip() not in decisive else [])
         if EXCEPTION_LINE.match(stripped):
@@ -924,6 +944,21 @@ def _first_failure(lines: list[str]) -> Failure | None:
             # A launcher re-raising a worker's failure: the worker's own error, printed below, is the cause.
             fallback = fallback or (Cause.ERROR, None, [stripped])
     return fallback
+
+
+# How far below C++'s terminate line its `what():` may come: the process writes the two lines apart, and other ranks'
+# and torchrun's lines sharing the log can land between them.
+WHAT_WITHIN_LINES = 40
+
+
+def _what_line(lines: list[str], index: int) -> str | None:
+    """The `what():` line of the terminate at `index`: the first below it, before the next terminate."""
+    for line in lines[index + 1 : index + 1 + WHAT_WITHIN_LINES]:
+        if line.lstrip().startswith("what():"):
+            return line.strip()
+        if CXX_TERMINATE.match(line):
+            return None
+    return None
 
 
 def missing_package(line: str) -> str | None:

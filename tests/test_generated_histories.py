@@ -262,10 +262,13 @@ def schedules(draw: st.DrawFn) -> Schedule:
 
 
 @st.composite
-def runs(draw: st.DrawFn, hung: bool = False) -> Run:
+def runs(
+    draw: st.DrawFn, hung: bool = False, attachable: bool | None = None, hangs: tuple[str, ...] = ("idle", "lock", "nccl", "spin")
+) -> Run:
     """A run stepping at a drawn interval against the floor, with quiet gaps, silent evaluations and silent saves
-    between its steps; a hung one stops after a drawn step, idle or busy with every stack waiting."""
-    attachable = draw(st.sampled_from([True, True, False]))
+    between its steps; a hung one stops after a drawn step, idle or busy with every stack waiting (one of `hangs`).
+    `attachable`: whether py-spy can read its stacks (drawn where None)."""
+    attachable = draw(st.sampled_from([True, True, False])) if attachable is None else attachable
     # Where py-spy cannot attach, a busy tree silent for HANG_CEILING_FACTOR windows is called a hang (CPU is then the
     # only evidence, by design): no pipe holds its lines back, and no silence reaches that long.
     output = draw(st.sampled_from(["stdout", "own", "pipe"] if attachable else ["stdout", "own"]))
@@ -341,7 +344,7 @@ def runs(draw: st.DrawFn, hung: bool = False) -> Run:
             run.phases.append(Phase(at, cores, step_stacks))
     if hung:
         run.hung_at = at
-        how = draw(st.sampled_from(["idle", "lock", "nccl", "spin"]))
+        how = draw(st.sampled_from(hangs))
         run.phases.append(Phase(at, {"idle": 0.004, "lock": 0.0, "nccl": 1.0, "spin": 1.0}[how], "lock" if how == "idle" else how))
         run.ends = at
     else:
@@ -385,6 +388,21 @@ def test_a_generated_hung_run_is_stalled_eventually_and_never_before_its_history
     # Its last sign of life: the last line that reached a log (a buffering pipe holds the last ones back), or save.
     last_seen = max(x for x in [*(at for at, _, _ in run.lines), *run.saves] if x <= first.at)
     assert first.at - last_seen >= window, f"{first.at - last_seen:.1f} s after its last write: {described(first)}"
+
+
+@settings(PROFILE, max_examples=6)
+@given(run=runs(hung=True, attachable=True, hangs=("nccl",)), schedule=schedules())
+def test_a_generated_busy_hang_whose_every_stack_waits_is_stalled_by_its_stacks_long_before_the_ceiling(run: Run, schedule: Schedule):
+    # A collective that never returns: the tree spins a core (its CPU alone looks like work) and py-spy reads every
+    # thread waiting. Its stacks decide within about a window, never the HANG_CEILING_FACTOR windows kept for a tree
+    # whose stacks cannot be read.
+    seen = polls(run, schedule, stop_at_stalled=True)
+    stalled = [p for p in seen if p.diagnosis.verdict is Verdict.STALLED]
+    assert stalled, f"never stalled; last: {described(seen[-1]) if seen else 'no poll'}"
+    first, t = stalled[0], schedule.thresholds
+    _, window = run_activity(first.snapshot, first.progress, t, first.diagnosis.metrics.last_step)
+    assert run.hung_at is not None and first.at - run.hung_at <= 2 * window + t.settle_timeout_seconds + 2 * FLOOR, described(first)
+    assert "every thread of every sampled stack waits" in " ".join(first.diagnosis.evidence), described(first)
 
 
 def stepping_run(interval: float, gap_after: int, gap: float, steps: int = 20) -> Run:

@@ -32,6 +32,7 @@ from relaunch.vocabulary import Action, Cause, Verdict
 CPU = Path(__file__).parent / "fixtures" / "logs" / "cpu"
 T = Thresholds()
 PREFIX = re.compile(r"^\[rank(\d+)\]:")
+CXX_WORDS = re.compile(r"^(?:terminate called after throwing|\s+what\(\):)")
 
 
 def lines_of(fixture: str) -> list[str]:
@@ -130,6 +131,28 @@ def test_the_abort_is_read_as_the_distributed_error_whatever_exit_code_was_recor
     # The uncaught error's lines decide; what the log holds after them (step lines cut from the start) does not.
     lines = lines_of("collective_mismatch.log")[cut:]
     assert died(lines, code).cause is Cause.DISTRIBUTED_FAILURE
+
+
+@given(merge=st.lists(st.booleans(), min_size=14, max_size=14))
+def test_the_abort_is_the_distributed_error_wherever_the_peer_that_lost_it_wrote_its_lines(merge):
+    # collective_mismatch_torchrun.log: rank 0's C++ terminate (its two lines unprefixed: C++ writes them, not torch's
+    # logging, and apart) and rank 1's `[rank1]:` traceback of the reset connection it saw next. Two processes share
+    # the log, so how their lines merge is the kernel's: each keeps its own order, in any merge of the two.
+    lines = lines_of("collective_mismatch_torchrun.log")
+    words = [i for i, line in enumerate(lines) if CXX_WORDS.match(line)]
+    peer = [i for i, line in enumerate(lines) if PREFIX.match(line)]
+    head = min(words + peer)
+    a, b = [lines[i] for i in words], [lines[i] for i in peer]
+    merged = []
+    for take_a in merge + [True] * len(a) + [False] * len(b):
+        source = a if (take_a and a) or not b else b
+        if source:
+            merged.append(source.pop(0))
+    others = [line for i, line in enumerate(lines) if i not in words and i not in peer]
+    d = died([*others[:head], *merged, *others[head:]], 1)
+    assert d.cause is Cause.DISTRIBUTED_FAILURE, d.summary
+    assert "Is there a distributed collective mismatch" in d.summary, d.summary
+    assert any("SIGABRT that followed is this error's" in line for line in d.evidence), d.evidence
 
 
 # ---- 3. signals from outside ----------------------------------------------------------------------------------

@@ -1,0 +1,529 @@
+#!/usr/bin/env python3
+"""The mutation table: each judging mechanism, broken once, must turn the test(s) that guard it red.
+
+A guard no test catches the removal of is a guard in name only (issue 36 found six). Each row of MUTANTS names a
+mechanism, one exact string replacement in one file that removes its guard (never a syntax break), and the pytest
+node ids that must fail once it is gone. For each row the tracked tree (`git ls-files`) is copied into a fresh
+temporary folder, the mutation applied there (the checkout is never touched), and the row's tests run there with
+the copy first on PYTHONPATH; the verdict is `killed` (the tests went red) or `SURVIVED` (still green: a finding).
+
+    python scripts/mutants.py              every row, then a markdown table; exit 1 if any row is not killed
+    python scripts/mutants.py --only NAME  one row (repeatable)
+    python scripts/mutants.py --list       the rows, and nothing run
+    python scripts/mutants.py --baseline   each row's tests on the unmutated copy: they must all pass
+
+A mutation whose `old` text is not found exactly once fails its row loudly (`NOT APPLIED`), so the table cannot rot
+silently as the code moves; so does a node id that no longer collects, or a test that skips instead of running.
+Run the rows one at a time (they start real trainers, tmux sessions, a Prefect server, network namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# pyproject's package-dir maps the top-level flows/, tasks/ and demo/ to relaunch.flows etc.; in the copy, links make
+# `relaunch/flows` and the rest resolve there, so that PYTHONPATH=<copy> imports the copy, never the editable install.
+PACKAGE_LINKS = {"relaunch/flows": "../flows", "relaunch/tasks": "../tasks", "relaunch/demo": "../demo"}
+# A row's tests in one pytest run: the slowest (a fleet of namespace hosts, a gang recovery) take minutes on a
+# loaded machine; pyproject's own per-test timeout (600 s) still applies inside.
+ROW_TIMEOUT_SECONDS = 900
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One guard, broken once: `old` replaced by `new` in `file`; `tests` must go red."""
+
+    name: str
+    mechanism: str
+    file: str
+    old: str
+    new: str
+    what: str  # the mutation in a few words, for the table
+    tests: tuple[str, ...]
+
+
+GEN = "tests/test_generated_histories.py"
+EVIDENCE = "tests/test_judging_evidence.py"
+SHAPES = "tests/test_log_reading_shapes.py"
+CONTENT = "tests/test_checkpoint_content.py"
+GAPS = "tests/test_never_harm_gaps.py"
+ROOTS = "tests/test_root_cause_rules.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ---- issue 36: judging a live run from evidence ----------------------------------------------------------------
+    Mutant(
+        name="cpu-is-work",
+        mechanism="process evidence: CPU gained over the window is work",
+        file="relaunch/activity.py",
+        old="    gained = latest.cpu_ticks - then.cpu_ticks\n",
+        new="    gained = 0\n",
+        what="CPU ticks gained read as 0",
+        tests=(f"{GEN}::test_a_busy_tree_quiet_for_many_windows_is_sampled_before_it_is_judged_and_called_only_once_its_stacks_fail",),
+    ),
+    Mutant(
+        name="waiting-stacks-hang",
+        mechanism="py-spy stacks: every sample waiting is a hang, CPU or not",
+        file="relaunch/activity.py",
+        old="    if len(recent) >= HANG_SAMPLES and all(waiting for _, waiting, _ in recent):\n        return True\n",
+        new="    if len(recent) >= HANG_SAMPLES and all(waiting for _, waiting, _ in recent):\n        return None\n",
+        what="all-waiting samples decide nothing",
+        tests=(f"{GEN}::test_a_generated_busy_hang_whose_every_stack_waits_is_stalled_by_its_stacks_long_before_the_ceiling",),
+    ),
+    Mutant(
+        name="spinning-stacks-hang",
+        mechanism="py-spy stacks: samples spinning in one place are a hang",
+        file="relaunch/activity.py",
+        old="        return True  # the same active frames, line for line, in every sample",
+        new="        return None  # the same active frames, line for line, in every sample",
+        what="one-place spin decides nothing",
+        tests=(f"{EVIDENCE}::test_a_thread_spinning_while_the_main_thread_waits_is_a_hang_by_its_stacks",),
+    ),
+    Mutant(
+        name="never-on-one-look",
+        mechanism="never act on one look: history shorter than the window watches",
+        file="relaunch/diagnosis.py",
+        old="    young = activity.history_seconds < window\n",
+        new="    young = False\n",
+        what="history never 'young'",
+        tests=(f"{EVIDENCE}::test_a_hung_trainer_is_called_stalled_only_after_it_was_watched_for_its_window",),
+    ),
+    Mutant(
+        name="resume-is-no-step",
+        mechanism="progress is a step that advances: resume/restore/eval lines are no step",
+        file="relaunch/logtext.py",
+        old="    if NOT_A_TRAINING_STEP.search(line, clause_start, end):\n        return False\n",
+        new="    if False:\n        return False\n",
+        what="governing word before a mention ignored",
+        tests=(
+            f"{SHAPES}::test_a_resume_load_save_or_eval_mention_never_counts_as_a_step",
+            f"{SHAPES}::test_restored_from_global_step_then_a_quiet_compile_is_starting_not_stalled",
+        ),
+    ),
+    Mutant(
+        name="thousands-separators",
+        mechanism="throughput forms: `21,300 tok/s` reads 21300",
+        file="relaunch/logtext.py",
+        old='        return float(text.replace(grouped["sep"], "")) * scale\n',
+        new='        return float(text.split(grouped["sep"])[0]) * scale\n',
+        what="grouped figure read up to its separator",
+        tests=(f"{SHAPES}::test_a_run_printing_21_300_tok_s_against_a_21500_baseline_is_healthy",),
+    ),
+    Mutant(
+        name="scientific-notation",
+        mechanism="throughput forms: `2.13e+04 tok/s` reads 21300",
+        file="relaunch/logtext.py",
+        old=r'.]*\d)?(?:[eE][-+]?\d+)?"',
+        new=r'.]*\d)?"',
+        what="exponent dropped from NUMBER",
+        tests=(f"{SHAPES}::test_a_run_printing_21_300_tok_s_against_a_21500_baseline_is_healthy",),
+    ),
+    Mutant(
+        name="uncertain-figures",
+        mechanism="throughput forms: an uncertain figure (`21.300`) never degrades",
+        file="relaunch/logtext.py",
+        old="        if not suffix and _DOT_OR_THOUSANDS.fullmatch(text):\n            return None\n",
+        new="        if False:\n            return None\n",
+        what="`21.300` read as certain",
+        tests=(f"{SHAPES}::test_uncertain_throughput_figures_never_make_a_run_degraded",),
+    ),
+    Mutant(
+        name="this-runs-text",
+        mechanism="only this run's text: an appended log is read from RUN/log_offset",
+        file="relaunch/host/snapshot.sh",
+        old='  { read -r base osum < "$run/log_offset"; } 2> /dev/null\n',
+        new='  { read -r _ osum < "$run/log_offset"; } 2> /dev/null\n',
+        what="offset never read (base 0)",
+        tests=(
+            "tests/test_this_runs_text.py::test_the_poll_judges_only_bytes_from_where_this_run_began_even_after_the_log_shrank_or_was_rewritten",
+        ),
+    ),
+    Mutant(
+        name="torch-zip-eocd",
+        mechanism="checkpoints by content: a torch zip without its end records is cut",
+        file="relaunch/checkpoints.py",
+        old='        state="cut", format=TORCH, detail=f"cut short: no end-of-central-directory',
+        new='        state="complete", format=TORCH, detail=f"cut short: no end-of-central-directory',
+        what="zip with no EOCD judged complete",
+        tests=(f"{CONTENT}::test_a_torch_save_cut_short_is_skipped_whoever_killed_the_run_and_whenever[a_rank_died_exit_1]",),
+    ),
+    Mutant(
+        name="safetensors-header",
+        mechanism="checkpoints by content: a safetensors file must end where its header says",
+        file="relaunch/checkpoints.py",
+        old="    if want != p.size:\n",
+        new="    if False:\n",
+        what="header's data end not compared with size",
+        tests=(f"{CONTENT}::test_a_safetensors_file_whose_header_does_not_parse_or_describes_less_is_never_taken",),
+    ),
+    Mutant(
+        name="symlinked-checkpoint-dir",
+        mechanism="checkpoints: a symlinked checkpoint_dir is followed",
+        file="relaunch/host/list_checkpoints.sh",
+        old='find -H "$dir" -mindepth 1 -maxdepth 1 \\( -empty',
+        new='find "$dir" -mindepth 1 -maxdepth 1 \\( -empty',
+        what="`find -H` dropped from the listing",
+        tests=(f"{CONTENT}::test_a_symlinked_checkpoint_dir_is_followed_and_its_newest_checkpoint_resumed",),
+    ),
+    Mutant(
+        name="date-is-no-step",
+        mechanism="checkpoints: a name whose number is a date is no step",
+        file="relaunch/checkpoints.py",
+        old="    if date := _is_date(number):\n",
+        new="    if date := None:\n",
+        what="date check removed from not_a_step",
+        tests=(f"{CONTENT}::test_a_name_whose_number_only_looks_like_a_step_is_no_step",),
+    ),
+    Mutant(
+        name="hand-started-trainer",
+        mechanism="never two trainers: launch refuses beside the program running in repo_dir",
+        file="relaunch/host/launch.sh",
+        old="if [ ${#running[@]} -gt 0 ]; then\n",
+        new="if false; then\n",
+        what="exit-21 (cwd + program) refusal removed",
+        tests=("tests/test_two_trainers.py::test_a_trainer_started_by_hand_outside_tmux_is_unmanaged_and_no_second_one_is_launched",),
+    ),
+    Mutant(
+        name="marked-trainer",
+        mechanism="never two trainers: launch refuses beside a process carrying the target's marker",
+        file="relaunch/host/launch.sh",
+        old="if [ ${#marked[@]} -gt 0 ]; then\n",
+        new="if false; then\n",
+        what="exit-18 (marker) refusal removed",
+        tests=("tests/test_launch_guards.py::test_launch_refuses_beside_a_live_process_carrying_the_targets_marker[target]",),
+    ),
+    Mutant(
+        name="unknown-never-stops",
+        mechanism="an unrecorded live trainer is unmanaged, never `unknown` (whose remedy stops and launches)",
+        file="relaunch/diagnosis.py",
+        old="    if snap.strays and not snap.pid_alive:\n",
+        new="    if False:\n",
+        what="strays no longer make `unmanaged`",
+        tests=("tests/test_two_trainers.py::test_a_trainer_whose_state_folder_was_removed_is_found_by_its_marker_and_never_stopped",),
+    ),
+    Mutant(
+        name="gang-unreachable-never-stops",
+        mechanism="a gang node that cannot be reached is unknown: nothing stopped on the others",
+        file="relaunch/gang.py",
+        old="    gone = [n for n in lost if n.diagnosis is None]\n",
+        new="    gone = []\n",
+        what="unreachable node no longer escalates",
+        tests=("tests/test_gang_judging.py::test_a_node_that_cannot_be_reached_is_unknown_and_never_a_reason_to_stop_the_others",),
+    ),
+    # ---- issue 36: the never-harm gaps the issue named -------------------------------------------------------------
+    Mutant(
+        name="gang-one-checkpoint",
+        mechanism="every gang node resumes from node 0's checkpoint",
+        file="flows/recover.py",
+        old="    return each(launch, launching, run.attempt, run.before_step, run.refuse, run.run_id, choice)\n",
+        new="    return each(launch, launching, run.attempt, run.before_step, run.refuse, run.run_id, None)\n",
+        what="each node chooses its own",
+        tests=(f"{GAPS}::test_every_node_of_a_gang_resumes_from_the_checkpoint_node_0_lists_though_node_1_holds_a_newer_save",),
+    ),
+    Mutant(
+        name="pid-reuse",
+        mechanism="a recorded PID is alive only with its recorded start time",
+        file="relaunch/host/lib.sh",
+        old='starttime_into t "$1" && [ "$t" = "$2" ]; }',
+        new='starttime_into t "$1"; }',
+        what="alive() ignores the start time",
+        tests=(f"{GAPS}::test_a_recorded_pid_that_another_process_holds_after_a_reboot_is_dead_never_alive_and_never_signalled",),
+    ),
+    Mutant(
+        name="state-folder-prefix",
+        mechanism="a state folder that prefixes another's (`llama`, `llama-70b`) never matches its marker",
+        file="relaunch/host/lib.sh",
+        old='-e "^RELAUNCH_TARGET=$(bre_quote "$state")\\$"',
+        new='-e "^RELAUNCH_TARGET=$(bre_quote "$state")"',
+        what="RELAUNCH_TARGET match not anchored",
+        tests=(f"{GAPS}::test_a_stop_or_poll_of_llama_never_touches_the_trainer_of_llama_70b_whose_folders_it_prefixes",),
+    ),
+    Mutant(
+        name="partition-cut-off",
+        mechanism="fleet: nothing recovered on a host of an unreachable incident",
+        file="flows/fleet.py",
+        old="    held = set(cut) | {",
+        new="    held = set() | {",
+        what="cut-off hosts not held",
+        tests=(f"{GAPS}::test_hosts_cut_off_at_once_while_one_link_flaps_are_one_partition_and_nothing_is_touched_on_them",),
+    ),
+    Mutant(
+        name="tmux-server-exempt",
+        mechanism="a stop never ends the tmux server, marker or not",
+        file="relaunch/host/stop.sh",
+        old='[ -n "$server" ] && skip[$server]=1\n',
+        new='[ -n "$server" ] && true\n',
+        what="tmux server no longer skipped",
+        tests=(f"{GAPS}::test_a_stop_never_ends_the_tmux_server_though_it_was_started_from_the_trainers_environment",),
+    ),
+    Mutant(
+        name="kmsg-fails-in-ci",
+        mechanism="a test that cannot run here fails under CI=true instead of skipping",
+        file="relaunch/testing/sshd.py",
+        old="    if in_ci():\n        pytest.fail(",
+        new="    if False:\n        pytest.fail(",
+        what="cannot_run_here always skips",
+        tests=(f"{GAPS}::test_the_rows_that_write_the_kernel_log_fail_under_ci_where_dev_kmsg_is_not_writable_and_skip_elsewhere",),
+    ),
+    # ---- issue 35: root causes -------------------------------------------------------------------------------------
+    Mutant(
+        name="own-error-over-peer",
+        mechanism="a rank's own error over a peer's lost collective",
+        file="relaunch/diagnosis.py",
+        old="    return _own_rank_failure(lines, first) or first\n",
+        new="    return first\n",
+        what="first failure always wins",
+        tests=(f"{ROOTS}::test_a_rank_that_raised_its_own_error_is_the_cause_not_the_peer_that_lost_it",),
+    ),
+    Mutant(
+        name="abort-is-the-error",
+        mechanism="an abort after a distributed error is that error",
+        file="relaunch/diagnosis.py",
+        old="if signal in NATIVE_SIGNALS and not (signal == 6 and distributed) and",
+        new="if signal in NATIVE_SIGNALS and",
+        what="SIGABRT in torchrun's table is a rank's own crash",
+        # The watchdog's abort: no C++ terminate in the log, only torchrun's `-6 (SIGABRT)` after the ranks' timeouts.
+        tests=(
+            "tests/test_diagnose_fixtures.py::test_diagnose_names_the_verdict_cause_and_evidence_of_each_captured_failure[gpu/nccl_watchdog_timeout.log --exit-code 1]",
+        ),
+    ),
+    Mutant(
+        name="terminate-words-own",
+        mechanism="an abort after a distributed error is that error, wherever the peers' lines landed",
+        file="relaunch/diagnosis.py",
+        old="        found = next((f for i, _ in plain if (f := _own(_first_failure(lines[i:]))) and CXX_TERMINATE.match(f[2][0])), None)\n",
+        new="        found = None\n",
+        what="C++ terminate's unprefixed words not read",
+        tests=(f"{ROOTS}::test_the_abort_is_the_distributed_error_wherever_the_peer_that_lost_it_wrote_its_lines",),
+    ),
+    Mutant(
+        name="what-line-below",
+        mechanism="C++ terminate's message is its `what():` line, other processes' lines between them",
+        file="relaunch/diagnosis.py",
+        old='        if line.lstrip().startswith("what():"):\n            return line.strip()\n        if CXX_TERMINATE.match(line):\n',
+        new='        if line.lstrip().startswith("what():"):\n            return line.strip()\n        if True:\n',
+        what="what(): only on the very next line",
+        tests=(f"{ROOTS}::test_the_abort_is_the_distributed_error_wherever_the_peer_that_lost_it_wrote_its_lines",),
+    ),
+    Mutant(
+        name="outside-signal-killed",
+        mechanism="exit 129/130/143 is `killed`, whatever was printed",
+        file="relaunch/diagnosis.py",
+        old="    if code is not None and code - 128 in OUTSIDE_SIGNALS and not oom_kernel:\n",
+        new="    if False:\n",
+        what="outside-signal rule removed",
+        tests=(f"{ROOTS}::test_a_death_by_an_outside_signal_is_killed_whatever_traceback_it_printed",),
+    ),
+    Mutant(
+        name="saved-log-oom",
+        mechanism="a saved log without a PID: an OOM kill named like the trainer is host_oom_killed",
+        file="relaunch/diagnosis.py",
+        old="        oom_kernel = _unnamed_oom_lines(snap)\n",
+        new="        oom_kernel = []\n",
+        what="kills by name not read",
+        tests=(f"{ROOTS}::test_a_kill_of_any_process_named_like_the_trainer_is_the_saved_logs_oom",),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    mutant: Mutant
+    status: str  # killed, SURVIVED, NOT APPLIED, TIMEOUT, SKIPPED, ERROR; baseline: passed, FAILED, ...
+    seconds: float
+    red: str  # the first test that went red, or what went wrong
+    tail: str = ""  # the end of pytest's output, shown for anything unexpected
+
+
+def tracked_files(root: Path) -> list[str]:
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, check=True).stdout
+    return [name for name in out.decode().split("\0") if name]
+
+
+@contextmanager
+def copy_of_tree(root: Path) -> Iterator[Path]:
+    """A fresh copy of the tracked tree (symbolic links kept as links) with the package links pyproject implies."""
+    folder = Path(tempfile.mkdtemp(prefix="relaunch-mutant-"))
+    try:
+        for name in tracked_files(root):
+            source, dest = root / name, folder / name
+            if not source.exists() and not source.is_symlink():
+                continue  # deleted in the work tree, not yet from the index: the copy is of what is there
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest, follow_symlinks=False)
+        for link, target in PACKAGE_LINKS.items():
+            (folder / link).symlink_to(target)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def apply(copy: Path, mutant: Mutant) -> str | None:
+    """The mutation applied in the copy; the reason it could not be (its text not found exactly once), else None."""
+    path = copy / mutant.file
+    if not path.is_file():
+        return f"{mutant.file} does not exist"
+    text = path.read_text()
+    count = text.count(mutant.old)
+    if count != 1:
+        return f"`{mutant.old.strip()[:60]}` found {count} times in {mutant.file}, not once"
+    path.write_text(text.replace(mutant.old, mutant.new))
+    return None
+
+
+def environment(copy: Path, prefect_home: Path) -> dict[str, str]:
+    """The tests' environment, with the copy first on the import path and the venv's tools on PATH."""
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=str(copy),
+        DO_NOT_TRACK="1",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_HOME=str(prefect_home),
+        PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+    )
+    return env
+
+
+def imports_from(copy: Path, env: dict[str, str], full: bool) -> str | None:
+    """Why `relaunch` (and relaunch.flows) would not be imported from the copy, or None.
+
+    The venv's editable install appends its finder to sys.meta_path, after the path finder that reads PYTHONPATH, so
+    the copy should win; this checks it rather than trusting it. `full` imports relaunch.flows (Prefect, seconds);
+    otherwise its spec is only found (no import of Prefect)."""
+    probe = (
+        "import relaunch, relaunch.flows; print(relaunch.__file__); print(relaunch.flows.__file__)"
+        if full
+        else "import importlib.util, relaunch; print(relaunch.__file__); print(importlib.util.find_spec('relaunch.flows').origin)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=copy, env=env, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        return f"importing relaunch in the copy failed: {out.stderr.strip()[-500:]}"
+    real = copy.resolve()
+    for line in out.stdout.split():
+        if not Path(line).resolve().is_relative_to(real):
+            return f"imported {line}, outside the copy {copy}"
+    return None
+
+
+# pytest's short summary lines (-ra): `FAILED tests/x.py::test_y - AssertionError...`, `ERROR tests/x.py::test_y ...`.
+RED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
+COUNTS = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)")
+
+
+def run_tests(copy: Path, mutant: Mutant, env: dict[str, str]) -> tuple[int | None, str]:
+    """(pytest's exit code or None on a timeout, its output). In a session of its own, so a timeout ends all it started."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", *mutant.tests]
+    with subprocess.Popen(
+        command, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    ) as proc:
+        try:
+            output, _ = proc.communicate(timeout=ROW_TIMEOUT_SECONDS)
+            return proc.returncode, output
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the group this run's own pytest leads: nothing else
+            output, _ = proc.communicate()
+            return None, output
+
+
+def judge(mutant: Mutant, code: int | None, output: str, baseline: bool) -> tuple[str, str]:
+    """(status, the test that went red or what went wrong) from pytest's exit code and its summary."""
+    counts: dict[str, int] = {}
+    for n, kind in COUNTS.findall(output.splitlines()[-1] if output.strip() else ""):
+        counts[kind.rstrip("s") if kind.startswith("error") else kind] = int(n)
+    red = RED_LINE.findall(output)
+    if code is None:
+        return "TIMEOUT", f"no verdict in {ROW_TIMEOUT_SECONDS} s"
+    if code == 1 and red:
+        # Tests ran and failed: for a mutant the point of the row; for the baseline a broken row.
+        return ("FAILED", red[0]) if baseline else ("killed", red[0])
+    if code == 0 and counts.get("skipped") and not counts.get("passed"):
+        # A skipped test guards nothing here: neither a kill nor a pass.
+        return "SKIPPED", "the test skipped: it guards nothing on this machine"
+    if code == 0:
+        if counts.get("skipped"):
+            return ("passed" if baseline else "SURVIVED"), f"({counts['skipped']} skipped)"
+        return ("passed", "") if baseline else ("SURVIVED", "")
+    return "ERROR", f"pytest exited {code} (a node id that no longer collects?)"
+
+
+def run_row(mutant: Mutant, baseline: bool, verify_fully: bool) -> Outcome:
+    start = time.monotonic()
+    with copy_of_tree(ROOT) as copy, tempfile.TemporaryDirectory(prefix="relaunch-mutant-prefect-") as home:
+        env = environment(copy, Path(home))
+        wrong = imports_from(copy, env, full=verify_fully)
+        if wrong:
+            return Outcome(mutant, "ERROR", time.monotonic() - start, wrong)
+        if not baseline:
+            why_not = apply(copy, mutant)
+            if why_not:
+                return Outcome(mutant, "NOT APPLIED", time.monotonic() - start, why_not)
+        code, output = run_tests(copy, mutant, env)
+    status, red = judge(mutant, code, output, baseline)
+    expected = "passed" if baseline else "killed"
+    return Outcome(mutant, status, time.monotonic() - start, red, "" if status == expected else output[-3000:])
+
+
+def short(node: str) -> str:
+    """`tests/x.py::test_y[p]` as `x::test_y[p]`: the table stays readable."""
+    return node.removeprefix("tests/").replace(".py::", "::")
+
+
+def table(outcomes: list[Outcome], baseline: bool) -> str:
+    head = "test that passed" if baseline else "test that went red"
+    rows = [f"| mechanism | file | mutation | {head} | result | seconds |", "| --- | --- | --- | --- | --- | --- |"]
+    for o in outcomes:
+        m = o.mutant
+        test = short(o.red) if o.status in ("killed", "FAILED") else ", ".join(short(t) for t in m.tests) if o.status == "passed" else o.red
+        rows.append(f"| {m.name}: {m.mechanism} | {m.file} | {m.what} | {test or '-'} | {o.status} | {o.seconds:.0f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", metavar="NAME", help="run only this row (repeatable)")
+    parser.add_argument("--list", action="store_true", help="print the rows and run nothing")
+    parser.add_argument("--baseline", action="store_true", help="run each row's tests unmutated: they must pass")
+    args = parser.parse_args(argv)
+    names = {m.name for m in MUTANTS}
+    if len(names) != len(MUTANTS):
+        print("two rows share a name", file=sys.stderr)
+        return 2
+    unknown = sorted(set(args.only or ()) - names)
+    if unknown:
+        print(f"no such row: {', '.join(unknown)} (see --list)", file=sys.stderr)
+        return 2
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}: {m.mechanism}\n    {m.file}: {m.what}\n    " + "\n    ".join(m.tests))
+        return 0
+    began = time.monotonic()
+    outcomes: list[Outcome] = []
+    for i, mutant in enumerate(chosen):
+        # The first copy imports relaunch.flows for real (Prefect, seconds); the others find its spec only.
+        outcome = run_row(mutant, args.baseline, verify_fully=i == 0)
+        outcomes.append(outcome)
+        print(f"{outcome.status:<11} {mutant.name:<28} {outcome.seconds:6.1f} s  {short(outcome.red) if outcome.red else ''}", flush=True)
+        if outcome.tail:
+            print("    " + outcome.tail.strip().replace("\n", "\n    "), flush=True)
+    print()
+    print(table(outcomes, args.baseline))
+    print(f"\n{len(outcomes)} row(s) in {time.monotonic() - began:.0f} s")
+    expected = "passed" if args.baseline else "killed"
+    return 0 if all(o.status == expected for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
