@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 
 from pydantic import BaseModel, Field
 
@@ -80,48 +81,100 @@ def journal_last_step(target: Target, seen: Diagnosis, seen_in: HealthSnapshot) 
 
 
 def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:
-    """Poll with a long-poll wait on the host; return the first settled verdict (or `starting` at timeout).
+    """Poll every node of the target (one host is a gang of one) with a long-poll wait on each host, in parallel, one
+    round trip each per poll (a node's poll returns the moment its trainer dies); return the first settled verdict (or
+    `starting` at the timeout). One host's verdict is its own; a gang's is relaunch.gang.judge_gang of the nodes of its
+    current launch (spares and nodes left out are listed, not judged), and a node that cannot be reached is said, not
+    retried (one host that cannot be reached is the check's error).
 
-    A run a person started in the target's session, with a log found and no live trainer of relaunch's beside it,
-    is adopted first (recorded as the current run, nothing signalled) and then judged as relaunch's own."""
+    A run a person started in one host's session, with a log found and no live trainer of relaunch's beside it, is
+    adopted first (recorded as the current run, nothing signalled) and then judged as relaunch's own; on a node of a
+    gang it is not adopted (the node says unmanaged): a gang's ranks are launched together or not at all."""
     t = target.thresholds
+    gang = bool(target.nodes)
+    nodes = node_targets(target)
     deadline = time.monotonic() + (timeout_seconds if timeout_seconds is not None else t.settle_timeout_seconds)
-    start, progress, polls, last = time.monotonic(), Progress(), 0, None
-    previous: tuple[Diagnosis, HealthSnapshot] | None = None
+    start, polls, last = time.monotonic(), 0, None
+    progress = [Progress() for _ in nodes]
+    previous: dict[int, tuple[Diagnosis, HealthSnapshot]] = {}
     # Created at the first `starting` verdict: a check that settles at once (most of them) makes no API call for it.
     bar: ProgressArtifact | None = None
     bar_updated = float("-inf")  # the first start-up poll shows at once
-    asked_to_adopt = False
-    fresh = True  # the first poll, and the first after an adoption, waits for nothing
-    while True:
-        wait = 0 if fresh else min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
-        fresh = False
-        snap = collect_snapshot(target, wait, last is Verdict.STARTING, *(previous or (None, None)), wake_floor(progress))
-        polls += 1
-        if not asked_to_adopt and adoptable(snap):
-            # Once per check: a refused adoption (another target's state folder, a trainer of ours alive
-            # elsewhere) is judged as it stands, which says UNMANAGED and stops nothing.
-            asked_to_adopt = True
-            if adopt_foreign(target):
-                progress, last, fresh = Progress(), None, True
-                continue
-        progress = advance(progress, snap, t)
-        diagnosis = diagnose(snap, t, progress, min_free_disk_gb=target.min_free_disk_gb, gpu_indexes=gpu_indexes_of(target, snap))
-        previous = (diagnosis, snap)
-        if last is None or diagnosis.verdict is not last:
-            log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
-            last = diagnosis.verdict
-        if diagnosis.verdict is Verdict.STARTING and time.monotonic() - bar_updated >= PROGRESS_UPDATE_SECONDS:
-            # One API round trip per update: a few a minute are enough for a start-up that takes minutes.
-            bar_updated = time.monotonic()
-            bar = bar or ProgressArtifact(artifact_key(target.name, "health"), "waiting for the verdict to settle")
-            elapsed = snap.seconds_since_launch or 0.0
-            bar.update(min(99.0, 100.0 * elapsed / max(t.startup_grace_seconds, 1.0)), diagnosis.summary, announce=False)
-        if diagnosis.settled or time.monotonic() >= deadline:
-            journal_last_step(target, diagnosis, snap)
-            return HealthResult(
-                diagnosis=diagnosis, snapshot=snap, polls=polls, seconds=round(time.monotonic() - start, 3), progress=progress
-            )
+    asked_to_adopt = gang  # once per check, and never on a gang's node
+
+    def poll(k: int, wait: float) -> tuple[NodeHealth, HealthSnapshot | None]:
+        node = nodes[k]
+        seen = previous.get(k, (None, None))
+        starting = seen[0] is not None and seen[0].verdict is Verdict.STARTING
+        try:
+            snap = collect_snapshot(node, wait, starting, *seen, wake_floor(progress[k]))
+        except TransportError as exc:
+            if not gang:
+                raise  # one host that cannot be reached: the check's error, with the host, the command and what to do
+            return NodeHealth(node=k, host=node.host.label, unreachable=str(exc).splitlines()[0]), None
+        return NodeHealth(node=k, host=node.host.label, run_id=snap.run_id), snap
+
+    def judged(k: int, row: NodeHealth, snap: HealthSnapshot) -> NodeHealth:
+        node = nodes[k]
+        progress[k] = advance(progress[k], snap, t)
+        d = diagnose(snap, t, progress[k], min_free_disk_gb=node.min_free_disk_gb, gpu_indexes=gpu_indexes_of(node, snap))
+        previous[k] = (d, snap)
+        return row.model_copy(update={"diagnosis": d})
+
+    # A pool only for a gang: one host is polled in the flow's own thread (its task-run logger, no thread to start).
+    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="relaunch-node-poll") if gang else nullcontext() as pool:
+        each = pool.map if pool is not None else map
+        wait = 0.0  # the first poll, and the first after an adoption, waits for nothing
+        while True:
+            found = list(each(poll, range(len(nodes)), [wait] * len(nodes)))
+            wait = min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
+            polls += 1
+            if not asked_to_adopt and found[0][1] is not None and adoptable(found[0][1]):
+                # Once per check: a refused adoption (another target's state folder, a trainer of ours alive
+                # elsewhere) is judged as it stands, which says UNMANAGED and stops nothing.
+                asked_to_adopt = True
+                if adopt_foreign(target):
+                    progress, last, wait = [Progress()], None, 0.0
+                    previous.clear()
+                    continue
+            rows = [judged(k, row, snap) if snap is not None else row for k, (row, snap) in enumerate(found)]
+            snaps = {row.node: snap for row, snap in found if snap is not None}
+            if gang:
+                members = current_members(target, rows)
+                rows = [row.model_copy(update={"member": row.node in members}) for row in rows]
+                diagnosis = judge_gang(rows)
+                # A node still watched (its history shorter than the stall window, its stacks being sampled) keeps the
+                # gang's poll going: the gang is not judged on one look of any node.
+                watched = next((r.diagnosis.watching for r in rows if r.member and r.diagnosis and r.diagnosis.watching), None)
+                if watched and diagnosis.settled:
+                    diagnosis = diagnosis.model_copy(update={"watching": watched})
+            else:
+                diagnosis = previous[0][0]
+            if last is None or diagnosis.verdict is not last:
+                log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
+                last = diagnosis.verdict
+            first = next(iter(snaps.values()), None) or HealthSnapshot(host=nodes[0].host.label, launched=False)
+            if diagnosis.verdict is Verdict.STARTING and time.monotonic() - bar_updated >= PROGRESS_UPDATE_SECONDS:
+                # One API round trip per update: a few a minute are enough for a start-up that takes minutes.
+                bar_updated = time.monotonic()
+                bar = bar or ProgressArtifact(artifact_key(target.name, "health"), "waiting for the verdict to settle")
+                elapsed = first.seconds_since_launch or 0.0
+                bar.update(min(99.0, 100.0 * elapsed / max(t.startup_grace_seconds, 1.0)), diagnosis.summary, announce=False)
+            if diagnosis.settled or time.monotonic() >= deadline:
+                list(each(lambda k: journal_last_step(nodes[k], *previous[k]), [k for k in previous if k in snaps]))
+                result = HealthResult(
+                    diagnosis=diagnosis,
+                    snapshot=first,
+                    polls=polls,
+                    seconds=round(time.monotonic() - start, 3),
+                    progress=progress[min(snaps, default=0)],
+                )
+                if not gang:
+                    return result
+                unfinished = sorted({s for snap in snaps.values() for s in snap.unfinished_steps})
+                return result.model_copy(
+                    update={"snapshot": first.model_copy(update={"unfinished_steps": unfinished}), "nodes": rows, "node_snapshots": snaps}
+                )
 
 
 def adoptable(snap: HealthSnapshot) -> bool:
@@ -149,67 +202,6 @@ def wake_floor(progress: Progress) -> float:
     return 0.2 if progress.last_step is not None else 1.0
 
 
-def poll_gang_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:
-    """Every node polled in parallel, one round trip each per poll (a node's poll returns the moment its trainer dies);
-    the gang's verdict is relaunch.gang.judge_gang of those of its current launch (spares and nodes left out are listed,
-    not judged). A node that cannot be reached is said, not retried.
-    Runs started by hand are not adopted on a node of a gang: such a node says unmanaged."""
-    t = target.thresholds
-    nodes = node_targets(target)
-    deadline = time.monotonic() + (timeout_seconds if timeout_seconds is not None else t.settle_timeout_seconds)
-    start, polls, last = time.monotonic(), 0, None
-    progress = [Progress() for _ in nodes]
-    previous: dict[int, tuple[Diagnosis, HealthSnapshot]] = {}
-
-    def poll(k: int, wait: float) -> tuple[NodeHealth, HealthSnapshot | None]:
-        node = nodes[k]
-        seen = previous.get(k, (None, None))
-        starting = seen[0] is not None and seen[0].verdict is Verdict.STARTING
-        try:
-            snap = collect_snapshot(node, wait, starting, *seen, wake_floor(progress[k]))
-        except TransportError as exc:
-            return NodeHealth(node=k, host=node.host.label, unreachable=str(exc).splitlines()[0]), None
-        progress[k] = advance(progress[k], snap, t)
-        d = diagnose(snap, t, progress[k], min_free_disk_gb=node.min_free_disk_gb, gpu_indexes=gpu_indexes_of(node, snap))
-        previous[k] = (d, snap)
-        return NodeHealth(node=k, host=node.host.label, diagnosis=d, run_id=snap.run_id), snap
-
-    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="relaunch-node-poll") as pool:
-        wait = 0.0
-        while True:
-            found = list(pool.map(poll, range(len(nodes)), [wait] * len(nodes)))
-            wait = min(t.poll_interval_seconds, max(0.0, deadline - time.monotonic()))
-            polls += 1
-            rows = [row for row, _ in found]
-            members = current_members(target, rows)
-            rows = [row.model_copy(update={"member": row.node in members}) for row in rows]
-            snaps = {row.node: snap for row, snap in found if snap is not None}
-            diagnosis = judge_gang(rows)
-            # A node still watched (its history shorter than the stall window, its stacks being sampled) keeps the
-            # gang's poll going: the gang is not judged on one look of any node.
-            watched = next((r.diagnosis.watching for r in rows if r.member and r.diagnosis and r.diagnosis.watching), None)
-            if watched and diagnosis.settled:
-                diagnosis = diagnosis.model_copy(update={"watching": watched})
-            if last is None or diagnosis.verdict is not last:
-                log().info("%s: %s (%s)", target.name, diagnosis.verdict.value, diagnosis.summary)
-                last = diagnosis.verdict
-            if diagnosis.settled or time.monotonic() >= deadline:
-                list(pool.map(lambda k: journal_last_step(nodes[k], *previous[k]), [k for k in previous if k in snaps]))
-                first = next(iter(snaps.values()), None) or HealthSnapshot(host=nodes[0].host.label, launched=False)
-                unfinished = sorted({s for snap in snaps.values() for s in snap.unfinished_steps})
-                return HealthResult(
-                    diagnosis=diagnosis,
-                    snapshot=first.model_copy(update={"unfinished_steps": unfinished}),
-                    polls=polls,
-                    seconds=round(time.monotonic() - start, 3),
-                    progress=progress[min(snaps, default=0)],
-                    nodes=rows,
-                    node_snapshots=snaps,
-                )
-
-
 @step_task("check_health")
 def check_health(target: Target, timeout_seconds: float | None = None) -> HealthResult:
-    if target.nodes:
-        return poll_gang_until_settled(target, timeout_seconds)
     return poll_until_settled(target, timeout_seconds)
