@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,14 @@ def test_recover_dry_run_prints_every_step_of_the_full_procedure_and_runs_nothin
     assert steps[0] == "preflight" and steps[-1] == "launch" and {"stop", "rebuild_venv", "restore_code", "warm_cache"} <= set(steps)
     assert "<relaunch/host/launch.sh>" in result.stdout and "uv pip sync" in result.stdout
     assert not Path(t.state_path).exists() and not Path(t.venv_dir).exists(), "a dry run changes nothing"
+
+
+def test_goodput_with_no_api_configured_uses_relaunchs_temporary_server_not_prefects_ephemeral_one(home):
+    # Prefect's own ephemeral server (what goodput got before) gives up when its start takes longer than its timeout:
+    # on a loaded host it ended `unexpected error: RuntimeError: Timed out while attempting to connect to ephemeral
+    # Prefect API server`, exit 3 (seen 2026-12-04, the README's command from env -i beside a loaded make test). A
+    # timeout of 0 makes that failure certain; relaunch's temporary server (the same database) does not read it.
+    env = {"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0"}
+    out = typed(["goodput", "nobody-here", "--json"], home, **env)
+    assert out.returncode == 0, out.stderr
+    assert "ephemeral" not in out.stderr and json.loads(out.stdout)["target"] == "nobody-here", out.stderr

@@ -84,7 +84,9 @@ from pathlib import Path
 
 # The commands that run Prefect flows, each with the flow modules it imports (relaunch/cli/startup.py imports them
 # before the command runs, an agent all of them at its start); the others (diagnose, rollback-venv, --help) never
-# need a server. `gpus` runs no flow, but reads and writes the GPU ledger on the API all the same.
+# need a server. `gpus` runs no flow, but reads and writes the GPU ledger on the API all the same; `goodput` reads
+# what the flow runs recorded (through Prefect's own ephemeral server it timed out on a loaded host). `status` is not
+# here: with no API configured it refuses (a temporary server holds no night's verdict).
 FLOW_MODULES: dict[str, tuple[str, ...]] = {
     "check": ("relaunch.flows.check",),
     "recover": ("relaunch.flows.recover",),
@@ -92,6 +94,7 @@ FLOW_MODULES: dict[str, tuple[str, ...]] = {
     "fleet": ("relaunch.flows.fleet",),
     "watch": ("relaunch.flows.recover", "relaunch.flows.watch"),
     "gpus": (),
+    "goodput": (),
 }
 FLOW_COMMANDS = frozenset(FLOW_MODULES)
 PREFECT_APP = "prefect.server.api.server:create_app"
