@@ -424,7 +424,9 @@ def backgrounded_unseen_at_its_exit(tmp: Path, **_: object) -> Scene:
     """The same, where the backgrounded trainer's marker could not be read as the command exited (a process in the
     middle of its exec shows no environment; a loaded host makes that long): the supervisor records exit 0, and the
     run's marked trainer lives on. Still not `finished`, and never a second one."""
-    late = f"sleep 5; RELAUNCH_RUN=$MARK exec bash {STEPPER}"  # 5 s: past the supervisor's half-second look on a busy host
+    # It takes its marker only once the supervisor has recorded the command's exit: the shape whatever the host's load
+    # (a fixed 5 s was once shorter than the supervisor's look on a loaded 2-core host, and the shape was not made).
+    late = f'until [ -e "$MARK/exit_code" ]; do sleep 0.1; done; RELAUNCH_RUN=$MARK exec bash {STEPPER}'
     command = f'env -u RELAUNCH_RUN MARK="$RELAUNCH_RUN" bash -c {shlex.quote(late)} > bg.log 2>&1 &'
     t = new_target(tmp / "t", launch_command=command, thresholds=thresholds(settle_timeout_seconds=4))
     launch.fn(t, 1)
