@@ -97,6 +97,8 @@ class Activity:
     # Since the tree last burned CPU between two polls (0: it does now; None: not measured). Stacks sampled after a
     # busy stretch (a silent evaluation) that wait now (a GPU-bound step) say nothing of the stretch before them.
     idle_for_seconds: float | None = None
+    # The run's mean step time over its journaled steps since they last went back (None: fewer than two steps seen).
+    mean_step_seconds: float | None = None
 
     def busy(self) -> bool:
         return self.cpu_cores is not None and self.cpu_cores >= IDLE_CORES
@@ -117,14 +119,23 @@ def read_activity(
     advanced_at: float | None = None
     per_step: list[float] = []
     previous: tuple[float, int] | None = None
+    span: tuple[float, int] | None = None  # the first sighting of the steps that have only gone up since
     for at, step in steps:
         if previous is not None and step > previous[1]:
             advanced_at = at
             if at > previous[0]:
                 per_step.append((at - previous[0]) / (step - previous[1]))
+        if previous is not None and step < previous[1]:
+            span = None  # a step that went back (a relaunch by hand in the same run folder, a resume) starts again
         if previous is None or step != previous[1]:
             previous = (at, step)
-        # A step that went back (a relaunch by hand in the same run folder, a resume) starts the count again.
+            span = span or previous
+    # The mean step time over that span: each poll's sighting comes late by its own latency, so on a loaded host one
+    # interval between two sightings can read far shorter than the run's (a late sighting, then a prompt one); over
+    # the span only its two ends carry that error.
+    mean_step = None
+    if span is not None and previous is not None and previous[1] > span[1] and previous[0] > span[0]:
+        mean_step = (previous[0] - span[0]) / (previous[1] - span[1])
     written_at: float | None = None
     for before, after in zip(polls, polls[1:]):
         if (
@@ -145,6 +156,7 @@ def read_activity(
         since_write_seconds=since_write,
         cpu_cores=cpu,
         per_step_seconds=tuple(per_step[-20:]),
+        mean_step_seconds=mean_step,
         stacks_waiting=_stacks_verdict(stack_samples, now - quiet_for),
         stacks_unreadable=_unreadable(stack_samples, now - quiet_for),
         idle_for_seconds=_idle_for(polls, now),
@@ -205,6 +217,11 @@ def _unreadable(samples: tuple[tuple[float, bool, str], ...], quiet_since: float
 
 
 def typical_step_seconds(activity: Activity | None, within_check: tuple[float, ...]) -> float | None:
-    """The run's step interval from every poll that saw steps advance, this check's and earlier ones'."""
+    """The run's step interval from every poll that saw steps advance, this check's and earlier ones': the median of
+    the intervals between sightings, or the mean over the whole span where that is longer (never shorter: a window too
+    short stops a healthy run, one too long only watches longer)."""
     seen = [*within_check, *(activity.per_step_seconds if activity else ())]
-    return statistics.median(seen) if seen else None
+    if not seen:
+        return None
+    mean = activity.mean_step_seconds if activity else None
+    return max(statistics.median(seen), mean or 0.0)

@@ -15,13 +15,22 @@ apart. Properties:
 from __future__ import annotations
 
 import bisect
+import statistics
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import Phase as Phase_
 from hypothesis import strategies as st
 
-from relaunch.activity import HANG_CEILING_FACTOR, HANG_SAMPLES, _stacks_verdict, _unreadable, stack_sample
+from relaunch.activity import (
+    HANG_CEILING_FACTOR,
+    HANG_SAMPLES,
+    _stacks_verdict,
+    _unreadable,
+    read_activity,
+    stack_sample,
+    typical_step_seconds,
+)
 from relaunch.config import Thresholds
 from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose, run_activity
 from relaunch.playbook import remedy
@@ -429,6 +438,25 @@ def test_a_quiet_gap_longer_than_the_floor_but_shorter_than_ten_intervals_is_no_
     )
     for poll in polls(stepping_run(9.0, 10, 80.0), schedule):
         assert poll.diagnosis.verdict is not Verdict.STALLED, described(poll)
+
+
+@given(steps=st.integers(8, 40), late=st.floats(0.1, 0.45), every=st.sampled_from([0.5, 2.0, 9.0]), cycle=st.integers(3, 6))
+def test_sightings_each_less_late_than_the_last_never_shorten_the_runs_step_interval(steps, late, every, cycle):
+    # Seen in CI under load (2026-12-04, make test beside 2 CPU hogs): steps every 0.5 s and checks back to back, each
+    # poll a little less late than the one before (a host whose load ebbs), then late again: most intervals between
+    # two sightings read short, their median 0.4 s, and a 4 s quiet gap (8 intervals) was called stalled on a 4 s
+    # window. The run's rate over the span is not fooled: only the span's two ends carry a poll's lateness.
+    lag = [late * every * (1 - (k % cycle) / cycle) for k in range(steps)]  # a sawtooth: less late each poll, then late
+    seen = [JournalStep(at_epoch=LAUNCH + k * every + lag[k], step=k) for k in range(1, steps)]
+    journal = [
+        JournalPoll(at_epoch=s.at_epoch, cpu_ticks=0, log_size_bytes=k, written_bytes=0, written_mtime_epoch=0.0)
+        for k, s in enumerate(seen)
+    ]
+    snap = HealthSnapshot(launched=True, pid_alive=True, host_now_epoch=seen[-1].at_epoch, journal=journal, journal_steps=seen)
+    activity = read_activity(snap, steps - 1, FLOOR)
+    assert activity is not None and statistics.median(activity.per_step_seconds) < every, "the shape: sightings read short"
+    # The span's ends are late by at most `late` of an interval each: over steps - 2 intervals, that much of one.
+    assert typical_step_seconds(activity, ()) >= every * (1 - late / (steps - 2)) * (1 - 1e-9), activity
 
 
 def test_the_same_gap_is_no_stall_where_the_checks_watch_the_steps_advance():
