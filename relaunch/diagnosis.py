@@ -884,11 +884,9 @@ def _own_rank_failure(lines: list[str], first: Failure | None) -> Failure | None
         # A log of several ranks: C++'s terminate writes a rank's last words with no `[rankN]:` (the runtime's, not torch's
         # logging), so a rank's own uncaught error can sit in the unprefixed lines, wherever its peers' knock-on landed.
         # It is the aborted rank's, where torchrun names one rank that aborted.
-        prefixed = {i for numbered in ranks.values() for i, _ in numbered}
-        plain = [(i, line) for i, line in enumerate(lines) if i not in prefixed and CXX_TERMINATE.match(line)]
-        found = next((f for i, _ in plain if (f := _own(_first_failure(lines[i:]))) and CXX_TERMINATE.match(f[2][0])), None)
+        terminated = ((i, _own(_first_failure(lines[i:]))) for i, line in enumerate(lines) if CXX_TERMINATE.match(line))
+        at, found = next(((i, f) for i, f in terminated if f and CXX_TERMINATE.match(f[2][0])), (len(lines), None))
         if found is not None:
-            at = next((i for i, line in plain if line.rstrip() == found[2][0]), len(lines))
             owner = aborted[0] if len(aborted) == 1 and found[0] is Cause.DISTRIBUTED_FAILURE else None
             own = [o for o in own if owner is None or o[0] != owner]
             own.append((owner, at, found))
