@@ -86,7 +86,7 @@ def status_command(
             targets = [load_target(name) for name in target_names()]
             if not targets:
                 raise ConfigError(f"no targets in {targets_folder()}: save target files there as NAME.yaml, or give a fleet file")
-        require_api("status")
+        require_api("status", "a temporary server holds none of the verdicts your checks recorded")
         rows = gather(targets)
     if as_json:
         print_json([r.model_dump(mode="json") for r in rows])

@@ -69,16 +69,17 @@ def watch_deployment_name(name: str) -> str:
     return f"watch-training/watch-{name}"
 
 
-def require_api(command: str) -> str:
+def require_api(command: str, why: str = "deployments on a temporary server vanish with it") -> str:
     """The configured Prefect API; deploying onto a temporary server would vanish with it, so none is refused.
 
-    `command`: the relaunch command that asked (`deploy`, `automations sync`), named in the advice."""
+    `command`: the relaunch command that asked (`deploy`, `automations sync`), named in the advice; `why` a temporary
+    server will not do for it."""
     from prefect.settings import get_current_settings
 
     url = get_current_settings().api.url
     if not url:
         raise ConfigError(
-            "no Prefect API is configured, and deployments on a temporary server vanish with it\n"
+            f"no Prefect API is configured, and {why}\n"
             "  what to do: point PREFECT_API_URL at your server (e.g. export PREFECT_API_URL=http://127.0.0.1:4200/api; "
             f"`relaunch services --systemd` writes units that run one), then run `relaunch {command}` again"
         )
