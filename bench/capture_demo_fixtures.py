@@ -20,7 +20,7 @@ from relaunch.demo.scenarios import prepare  # noqa: E402
 from relaunch.plans.stop import plan_stop  # noqa: E402
 from relaunch.tasks.launch import launch  # noqa: E402
 from relaunch.tasks.rebuild_venv import rebuild_venv  # noqa: E402
-from relaunch.transport import run, transport_for  # noqa: E402
+from relaunch.wire.transport import run, transport_for  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "logs" / "demo"
 

@@ -49,8 +49,8 @@ def log(message: str) -> None:
 
 def readings(log_path: Path, thresholds) -> list[tuple[int, float]]:
     """(step, tokens/s) of every step line that carries a throughput, parsed as the health check parses it."""
-    from relaunch.diagnosis import read_log
-    from relaunch.logtext import clean_lines
+    from relaunch.judging.logtext import clean_lines
+    from relaunch.judging.reading import read_log
 
     out = []
     for line in clean_lines(log_path.read_bytes().decode(errors="replace")):

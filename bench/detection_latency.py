@@ -28,7 +28,8 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
 
 from bench.stats import P95_METHOD, machine, summary  # noqa: E402
 from relaunch.demo.scenarios import prepare  # noqa: E402
-from relaunch.diagnosis import Progress, advance, diagnose  # noqa: E402
+from relaunch.judging.diagnosis import advance, diagnose  # noqa: E402
+from relaunch.judging.findings import Progress  # noqa: E402
 from relaunch.tasks.health import collect_snapshot  # noqa: E402
 from relaunch.tasks.launch import launch  # noqa: E402
 from relaunch.tasks.rebuild_venv import rebuild_venv  # noqa: E402

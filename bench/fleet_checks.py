@@ -152,8 +152,8 @@ def launch_all(targets) -> None:
 
 def measure(targets, max_concurrent: int, connections: str | None = None) -> dict:
     from relaunch.flows.fleet import check_fleet
-    from relaunch.transport import close_all
     from relaunch.vocabulary import Verdict
+    from relaunch.wire.transport import close_all
 
     if connections == "new":
         close_all()
@@ -183,7 +183,7 @@ def stop_all(targets) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from relaunch.plans.stop import plan_stop
-    from relaunch.transport import run, transport_for
+    from relaunch.wire.transport import run, transport_for
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda t: run(transport_for(t.host), plan_stop(t, 10), check=False), targets))

@@ -160,7 +160,7 @@ def prefect_server(home: Path) -> Iterator[str]:
 def stop_everything(target: Any) -> None:
     """The trainer by relaunch's records, and whatever the script started in the session."""
     from relaunch.plans.stop import plan_stop
-    from relaunch.transport import run, transport_for
+    from relaunch.wire.transport import run, transport_for
 
     panes = subprocess.run(["tmux", "list-panes", "-t", f"={SESSION}", "-F", "#{pane_pid}"], capture_output=True, text=True)
     for pid in panes.stdout.split():
@@ -186,7 +186,7 @@ def break_full(target: Any) -> None:
     """What the fx-race scenario does: drifted venv, hacked model file, stale cache, the broken run crashed."""
     from relaunch.demo.scenarios import DEBUG_HACK
     from relaunch.tasks.launch import launch
-    from relaunch.transport import local_env
+    from relaunch.wire.transport import local_env
 
     stop_everything(target)
     links = [a for d in target.find_links for a in ("--find-links", d)]

@@ -35,7 +35,7 @@ from relaunch.demo.scenarios import SCENARIOS, prepare, say  # noqa: E402
 from relaunch.demo.target import resolve_device  # noqa: E402
 from relaunch.flows.outcome import report_of  # noqa: E402
 from relaunch.flows.recover import recover_training  # noqa: E402
-from relaunch.report import Report  # noqa: E402
+from relaunch.records.report import Report  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
 from relaunch.vocabulary import Step, Verdict  # noqa: E402
 

@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.stats import P95_METHOD, machine, summary  # noqa: E402
-from relaunch.commands import Command  # noqa: E402
-from relaunch.ssh import SSHTransport  # noqa: E402
 from relaunch.testing.sshd import SSHD, running_sshd  # noqa: E402
+from relaunch.wire.commands import Command  # noqa: E402
+from relaunch.wire.ssh import SSHTransport  # noqa: E402
 
 TRUE = Command(argv=("true",))
 

@@ -29,14 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _flow_env import ROOT  # noqa: E402,F401 - first: the environment Prefect is imported into
 
-from relaunch.commands import Command, script  # noqa: E402
 from relaunch.config import Target  # noqa: E402
 from relaunch.demo.scenarios import build_target, say  # noqa: E402
 from relaunch.demo.target import resolve_device  # noqa: E402
-from relaunch.runfiles import trainer_env  # noqa: E402
+from relaunch.plans.launch import trainer_env  # noqa: E402
 from relaunch.tasks.rebuild_venv import rebuild_venv  # noqa: E402
 from relaunch.tasks.warm_cache import warm_cache  # noqa: E402
-from relaunch.transport import run, transport_for  # noqa: E402
+from relaunch.wire.commands import Command, script  # noqa: E402
+from relaunch.wire.transport import run, transport_for  # noqa: E402
 
 FIRST_STEP = re.compile(r"first step in (?P<step>[\d.]+) s, (?P<process>[\d.]+) s after the process started")
 TRAINER_TIMEOUT_SECONDS = 600

@@ -7,7 +7,7 @@ One run, one warm torch.compile cache. The demo's healthy scenario target (relau
 compiled flex_attention trainer) is recovered once by recover-training (venv rebuilt, code restored, cache warmed,
 trainer launched until healthy), then stopped. Then:
 (a) by hand: the target's launch command exactly, in a tmux session of its own, with the venv's bin first on PATH and
-    the trainer's environment (relaunch.runfiles.trainer_env: the same TORCHINDUCTOR_CACHE_DIR); seconds from the
+    the trainer's environment (relaunch.plans.launch.trainer_env: the same TORCHINDUCTOR_CACHE_DIR); seconds from the
     `tmux new-session` to the log's Target.healthy_steps-th step line, --hand-runs times (its process group
     SIGKILLed after each);
 (b) relaunched: launched by relaunch, watched by flows/watch.Watch at --interval-seconds (its own thread, a temporary
@@ -45,8 +45,8 @@ from relaunch import runlayout  # noqa: E402
 from relaunch.config import Target  # noqa: E402
 from relaunch.demo.scenarios import prepare, say  # noqa: E402
 from relaunch.demo.target import resolve_device  # noqa: E402
-from relaunch.report import Report  # noqa: E402
-from relaunch.runfiles import trainer_env  # noqa: E402
+from relaunch.plans.launch import trainer_env  # noqa: E402
+from relaunch.records.report import Report  # noqa: E402
 from relaunch.testing.targets import current, tmux_alive  # noqa: E402
 
 FIRST_STEP = re.compile(r"first step in (?P<loop>[\d.]+) s, (?P<process>[\d.]+) s after the process started")

@@ -75,7 +75,7 @@ def main() -> None:
 
 def measure(targets: list, args: argparse.Namespace) -> dict:
     from relaunch.flows.watch import Watch
-    from relaunch.transport import close_all
+    from relaunch.wire.transport import close_all
 
     close_all()  # the first round makes one handshake per host
     lines: list[str] = []
@@ -108,7 +108,7 @@ def host_cost(work: Path, args: argparse.Namespace) -> dict:
     from relaunch.plans.watch import plan_pulse
     from relaunch.tasks.launch import launch
     from relaunch.testing.targets import shell_target, stop_all
-    from relaunch.transport import run, transport_for
+    from relaunch.wire.transport import run, transport_for
 
     target = shell_target(work / "local", name="watch-cost", env={"STEP_SECONDS": "5"})
     launch.fn(target, 1)

@@ -27,13 +27,13 @@ from typing import Any
 
 from relaunch import runlayout
 from relaunch.config import Host, Node, Target, Thresholds
-from relaunch.gang import gang_run_id, node_targets, working_nodes
+from relaunch.deciding.gang import gang_run_id, node_targets, working_nodes
 from relaunch.plans.stop import plan_stop
-from relaunch.runfiles import new_run_id
+from relaunch.runlayout import new_run_id
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
-from relaunch.transport import close_all, run, transport_for
 from relaunch.vocabulary import Verdict
+from relaunch.wire.transport import close_all, run, transport_for
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 MULTIRANK = Path(__file__).resolve().parent / "trainer" / "multirank.py"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relaunch import runlayout
-from relaunch.checkpoints import Choice, step_of
 from relaunch.config import Target
+from relaunch.deciding.checkpoints import Choice, step_of
 from relaunch.demo.target import GOOD_PINS, Device, base_pins, build_repo, make_target, wheelhouse
 from relaunch.demo.wheels import build_all
 from relaunch.plans.rebuild_venv import plan_create
@@ -22,8 +22,8 @@ from relaunch.plans.stop import plan_stop
 from relaunch.plans.warm_cache import plan_warm
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
-from relaunch.transport import local_env, run, transport_for
 from relaunch.vocabulary import Cause, Verdict
+from relaunch.wire.transport import local_env, run, transport_for
 
 SLOW_HACK = ("USE_COMPILE = True", "USE_COMPILE = False  # HACK: FX check patched away, runs uncompiled")
 DEBUG_HACK = ("def loss_and_accuracy(", "# HACK: debugging print left in\ndef loss_and_accuracy(")

@@ -9,12 +9,12 @@ from __future__ import annotations
 from prefect import flow
 
 from relaunch.config import Target
+from relaunch.deciding.playbook import remedy
 from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_goodput
 from relaunch.flows.outcome import conclude, emit, report_of, tag_flow_run, untagged_tasks
 from relaunch.flows.recover import checked, recover_training
-from relaunch.playbook import remedy
-from relaunch.report import Report
+from relaunch.records.report import Report
 
 
 @flow(name="check-training", flow_run_name="check-{target.name}", log_prints=True, persist_result=True)

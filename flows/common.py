@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 from prefect.context import FlowRunContext
 
-from relaunch import goodput
-from relaunch.goodput import Goodput
-from relaunch.ledger import Ledger
-from relaunch.report import Attempt, Report
+from relaunch.deciding.ledger import Ledger
+from relaunch.records import goodput
+from relaunch.records.goodput import Goodput
+from relaunch.records.report import Attempt, Report
 from relaunch.tasks.common import artifact_key, log
 from relaunch.tasks.health import HealthResult
 from relaunch.vocabulary import Action

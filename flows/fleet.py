@@ -22,15 +22,15 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from pydantic import Field
 
 from relaunch.config import Target
+from relaunch.deciding.gang import node_targets
+from relaunch.deciding.incidents import Incident, Sick, cut_off, incidents
+from relaunch.deciding.playbook import remedy
 from relaunch.flows.check import merge_recovery
 from relaunch.flows.common import attempt_from, publish_goodput
 from relaunch.flows.outcome import emit, name_flow_run, report_of, result_of
 from relaunch.flows.recover import announce_verdict, host_limit_name, recover_training
-from relaunch.gang import node_targets
-from relaunch.hardware import gpu_indexes_of
-from relaunch.incidents import Incident, Sick, cut_off, incidents
-from relaunch.playbook import remedy
-from relaunch.report import FleetReport, FleetRow, Report
+from relaunch.judging.hardware import gpu_indexes_of
+from relaunch.records.report import FleetReport, FleetRow, Report
 from relaunch.tasks.common import log
 from relaunch.tasks.health import HealthResult, check_health
 

@@ -20,7 +20,7 @@ from prefect.states import Completed, Failed
 
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
-from relaunch.report import Report
+from relaunch.records.report import Report
 from relaunch.tasks.common import log
 
 R = TypeVar("R")

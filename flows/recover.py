@@ -15,17 +15,17 @@ from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectNotFound
 
 from relaunch.config import Target
-from relaunch.decide import decide
+from relaunch.deciding.decide import decide
+from relaunch.deciding.gang import gang_label, gang_run_id, indexed, replacement
+from relaunch.deciding.history import Night, Storm, night_of, restart_storm
+from relaunch.deciding.ledger import GpuFault, Ledger
+from relaunch.deciding.playbook import resume_constraints, steps_for
 from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_ledger
 from relaunch.flows.outcome import conclude, emit, is_fine, tag_flow_run, untagged_tasks
-from relaunch.gang import gang_label, gang_run_id, indexed, replacement
-from relaunch.goodput import observe, payload_of
-from relaunch.history import Night, Storm, night_of, restart_storm
-from relaunch.ledger import GpuFault, Ledger
-from relaunch.playbook import resume_constraints, steps_for
-from relaunch.report import Report
-from relaunch.runfiles import new_run_id, utc_stamp
+from relaunch.records.goodput import observe, payload_of
+from relaunch.records.report import Report
+from relaunch.runlayout import new_run_id, utc_stamp
 from relaunch.steps import StepRecord
 from relaunch.tasks.capture_stacks import capture_stacks
 from relaunch.tasks.common import log
@@ -44,7 +44,7 @@ from relaunch.vocabulary import Action, Cause, Step, Verdict
 
 
 def each(step: Any, nodes: list[tuple[int | None, Target]], *args: Any, **kwargs: Any) -> list[StepRecord]:
-    """One step on every node (relaunch.gang.indexed): a run of one node runs it as before; a gang runs it on all its
+    """One step on every node (relaunch.deciding.gang.indexed): a run of one node runs it as before; a gang runs it on all its
     nodes at once (Prefect task runs in threads) and waits for all, so the next step begins on no node before this one
     ended on every node."""
     if nodes and nodes[0][0] is None:
@@ -68,7 +68,7 @@ class StepRun:
     attempt: int
     stamp: str
     run_id: str
-    nodes: list[tuple[int | None, Target]]  # the nodes to launch (relaunch.gang.indexed)
+    nodes: list[tuple[int | None, Target]]  # the nodes to launch (relaunch.deciding.gang.indexed)
     stopping: list[tuple[int | None, Target]]  # those, and every node of the current launch that answers
     before_step: int | None  # resume only from a checkpoint before this step
     refuse: str | None  # never resume from this checkpoint
@@ -196,7 +196,7 @@ def _locked_recovery(target: Target, force: bool, report: Report, flow_run: str)
         first = checked(target, 1) if target.nodes else None
         if first is not None and nothing_to_do(target, first, force):
             # A gang that is fine, or whose current launch has a node that cannot be reached with no way to run without
-            # it, is neither prepared nor locked: nothing will be done on any node (relaunch.gang.gang_action).
+            # it, is neither prepared nor locked: nothing will be done on any node (relaunch.deciding.gang.gang_action).
             report = _recover(target, force, report, flow_run, first)
         else:
             # Every node that answers (a node that cannot be reached would fail the preflight; it is left out).

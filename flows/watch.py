@@ -1,7 +1,7 @@
 """`relaunch watch`: a death is handed to recover-training the round it is seen, instead of at the next nightly check.
 
-One loop over every watched target (a host is reached through its one shared connection, relaunch.transport), every
-`interval_seconds`: a cheap look each (relaunch/host/pulse.sh, relaunch/watching.py), all hosts of a round at once.
+One loop over every watched target (a host is reached through its one shared connection, relaunch.wire.transport), every
+`interval_seconds`: a cheap look each (relaunch/host/pulse.sh, relaunch/judging/watching.py), all hosts of a round at once.
 `run` keeps one look out per target, held on its host while the trainer lives (pulse.sh returns the moment the
 trainer's exit is recorded), and judges each look as it comes back: a death is handed over within a nap of it,
 whatever the interval. A host slow to answer (one that hangs until its connect timeout) holds only its own look.
@@ -25,16 +25,16 @@ from prefect import flow
 from pydantic import Field
 
 from relaunch.config import Target, load_targets
+from relaunch.deciding.incidents import Sick, incidents
 from relaunch.errors import RelaunchError
 from relaunch.flows.fleet import announce_incident
 from relaunch.flows.outcome import emit, report_of, run_tags
 from relaunch.flows.recover import recover_training
-from relaunch.incidents import Sick, incidents
-from relaunch.plans.watch import Pulse, parse_pulse, plan_pulse
-from relaunch.report import Report
+from relaunch.judging.watching import Pulse, Seen, hand_over, seen
+from relaunch.plans.watch import parse_pulse, plan_pulse
+from relaunch.records.report import Report
 from relaunch.tasks.memory import read_handed, write_handed
-from relaunch.transport import run, transport_for
-from relaunch.watching import Seen, hand_over, seen
+from relaunch.wire.transport import run, transport_for
 
 # As the fleet's default: hosts that stopped answering within this many minutes of each other are one incident.
 INCIDENT_WINDOW_MINUTES = 10.0
@@ -161,7 +161,7 @@ class Watch:
 
     def _partition(self) -> None:
         """Hosts that stopped answering within INCIDENT_WINDOW_MINUTES of each other are one incident, as in the fleet
-        (relaunch/incidents.py): said once, and one `relaunch.fleet.incident` event, not one alarm per host."""
+        (relaunch/deciding/incidents.py): said once, and one `relaunch.fleet.incident` event, not one alarm per host."""
         down = [w for w in self.watched.values() if w.unreachable_since is not None]
         sick = [
             Sick(index=i, target=w.target.name, host=w.target.host.label, verdict=None, failed_at=w.unreachable_since)

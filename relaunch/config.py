@@ -328,7 +328,7 @@ class Target(_Model):
     max_attempts: int = Field(3, ge=1, le=20, description="Recovery attempts before giving up.")
     keep_old_venvs: int = Field(2, ge=1, description="Old venvs kept aside; older ones are the only thing relaunch ever removes.")
     thresholds: Thresholds = Field(default_factory=Thresholds, description="Health thresholds.")
-    # Across nights (relaunch/history.py, relaunch/ledger.py; docs/nights.md): the restart budget, and the GPUs a run
+    # Across nights (relaunch/deciding/history.py, relaunch/deciding/ledger.py; docs/nights.md): the restart budget, and the GPUs a run
     # may use in place of GPUs in the ledger. The defaults fit a nightly check: the third return in three days.
     storm_window_hours: float = Field(
         72.0,

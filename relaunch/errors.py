@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:  # only for the annotation: relaunch.commands imports this module
-    from relaunch.commands import Result
+
+@dataclass(frozen=True)
+class Result:
+    """What a command returned; an error that a command failed carries it whole."""
+
+    exit_code: int
+    stdout: str
+    stderr: str = ""
+    elapsed_seconds: float = 0.0
+
+    @property
+    def tail(self) -> str:
+        text = (self.stdout + ("\n" + self.stderr if self.stderr else "")).strip()
+        return "\n".join(text.splitlines()[-20:])
 
 
 class RelaunchError(Exception):

@@ -63,7 +63,7 @@ class Cause(str, Enum):
 
     def is_infrastructure(self) -> bool:
         """The machine or its surroundings failed, not the training code: a return of it never uses up the restart
-        budget across nights (relaunch/history.py), as SkyPilot keeps preemptions apart from `max_restarts_on_errors`."""
+        budget across nights (relaunch/deciding/history.py), as SkyPilot keeps preemptions apart from `max_restarts_on_errors`."""
         return self in _INFRASTRUCTURE
 
 
@@ -113,7 +113,7 @@ class Step(str, Enum):
 
     @property
     def category(self) -> Category:
-        """Where a recovery's time in this step goes in goodput (relaunch/goodput.py)."""
+        """Where a recovery's time in this step goes in goodput (relaunch/records/goodput.py)."""
         return _STEP_CATEGORY[self]
 
 

@@ -7,9 +7,14 @@
                       share); the demo's rank: the demo imports it and it imports relaunch.demo.wheels
     flows             relaunch.flows     (flows/: order and branch)
     tasks             relaunch.tasks     (tasks/: one module per recovery step)
-    core              every other relaunch.* module: pure judgement, models, transport, the steps' host commands
-                      (relaunch.plans, so the dry run and `stop` start without Prefect); never imports upward,
-                      and never imports Prefect (what needs it is set from above: tasks/secrets.py)
+    core, its rooms from the top down (pure; never imports Prefect: what needs it is set from above, tasks/secrets.py):
+      records         relaunch.records   (what a person is told and what is kept: report, goodput, the dead-man alarm)
+      deciding        relaunch.deciding  (what to do: playbook, checkpoints, ledger, history, gang, incidents, decide)
+      plans           relaunch.plans     (each step's host commands and the parsers of what they print)
+      judging         relaunch.judging   (what the evidence says: snapshot, log text, signatures, diagnosis, ...)
+      wire            relaunch.wire      (commands as data, transports, SSH)
+      foundation      every other relaunch.* module: the vocabulary, the target's config, paths, errors, step
+                      details, the run folder's layout, and relaunch.host's scripts
 
 Every import counts, also one inside a function (a deferred import is still a dependency). Read with `ast`, so
 nothing is imported to check it. A second rule: scripts/, bench/ (every .py file, recursively) and the package's
@@ -29,21 +34,27 @@ FOLDERS = {
     "relaunch": "relaunch",
     "relaunch/cli": "relaunch.cli",
     "relaunch/plans": "relaunch.plans",
+    "relaunch/wire": "relaunch.wire",
+    "relaunch/judging": "relaunch.judging",
+    "relaunch/deciding": "relaunch.deciding",
+    "relaunch/records": "relaunch.records",
     "tasks": "relaunch.tasks",
     "flows": "relaunch.flows",
     "demo": "relaunch.demo",
     "relaunch/testing": "relaunch.testing",
 }
-RANK = {"core": 0, "tasks": 1, "flows": 2, "demo": 3, "testing": 3, "wing": 4}
+# The core's rooms rank below the tasks; a room imports only the rooms below it.
+CORE = ("foundation", "wire", "judging", "plans", "deciding", "records")
+RANK = {**{room: rank for rank, room in enumerate(CORE)}, "tasks": 6, "flows": 7, "demo": 8, "testing": 8, "wing": 9}
 # Folders whose every .py file (recursively) the second rule (no import of tests) holds, beside the package's (FOLDERS).
 NO_TESTS = ("scripts", "bench")
 
 
 def layer(module: str) -> str:
-    for name in ("tasks", "flows", "demo", "testing"):
+    for name in ("tasks", "flows", "demo", "testing", *CORE[1:]):
         if module == f"relaunch.{name}" or module.startswith(f"relaunch.{name}."):
             return name
-    return "wing" if module == "relaunch.cli" or module.startswith("relaunch.cli.") else "core"
+    return "wing" if module == "relaunch.cli" or module.startswith("relaunch.cli.") else "foundation"
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -96,11 +107,13 @@ def violations(root: Path) -> list[str]:
         for line, name in imported(path, module):
             if RANK[layer(name)] > RANK[layer(module)]:
                 out.append(f"{path.relative_to(root)}:{line}: {module} ({layer(module)}) imports {name} ({layer(name)}), a layer above it")
-        if layer(module) == "core":
+        if layer(module) in CORE:
             # The core runs without Prefect (the dry run, `relaunch stop`, a library caller): what needs it is a task's.
             for line, name in imports(path, module):
                 if name == "prefect" or name.startswith("prefect."):
-                    out.append(f"{path.relative_to(root)}:{line}: {module} (core) imports {name}: the core imports no Prefect")
+                    out.append(
+                        f"{path.relative_to(root)}:{line}: {module} ({layer(module)}, core) imports {name}: the core imports no Prefect"
+                    )
     return out
 
 
@@ -116,7 +129,7 @@ def main() -> int:
         )
         return 1
     print(
-        f"layers contract kept: {len(modules(root))} modules, core < tasks < flows < demo = testing < application wing; "
+        f"layers contract kept: {len(modules(root))} modules, {' < '.join(CORE)} < tasks < flows < demo = testing < application wing; "
         f"{len(importers_of_tests(root))} files of scripts, bench and the package import no tests"
     )
     return 0

@@ -67,7 +67,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="cpu-is-work",
         mechanism="process evidence: CPU gained over the window is work",
-        file="relaunch/activity.py",
+        file="relaunch/judging/activity.py",
         old="    gained = latest.cpu_ticks - then.cpu_ticks\n",
         new="    gained = 0\n",
         what="CPU ticks gained read as 0",
@@ -76,7 +76,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="waiting-stacks-hang",
         mechanism="py-spy stacks: every sample waiting is a hang, CPU or not",
-        file="relaunch/activity.py",
+        file="relaunch/judging/activity.py",
         old="    if len(recent) >= HANG_SAMPLES and all(waiting for _, waiting, _ in recent):\n        return True\n",
         new="    if len(recent) >= HANG_SAMPLES and all(waiting for _, waiting, _ in recent):\n        return None\n",
         what="all-waiting samples decide nothing",
@@ -85,7 +85,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="spinning-stacks-hang",
         mechanism="py-spy stacks: samples spinning in one place are a hang",
-        file="relaunch/activity.py",
+        file="relaunch/judging/activity.py",
         old="        return True  # the same active frames, line for line, in every sample",
         new="        return None  # the same active frames, line for line, in every sample",
         what="one-place spin decides nothing",
@@ -94,7 +94,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="never-on-one-look",
         mechanism="never act on one look: history shorter than the window watches",
-        file="relaunch/diagnosis.py",
+        file="relaunch/judging/alive.py",
         old="    young = activity.history_seconds < window\n",
         new="    young = False\n",
         what="history never 'young'",
@@ -103,7 +103,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="resume-is-no-step",
         mechanism="progress is a step that advances: resume/restore/eval lines are no step",
-        file="relaunch/logtext.py",
+        file="relaunch/judging/logtext.py",
         old="    if NOT_A_TRAINING_STEP.search(line, clause_start, end):\n        return False\n",
         new="    if False:\n        return False\n",
         what="governing word before a mention ignored",
@@ -115,7 +115,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="thousands-separators",
         mechanism="throughput forms: `21,300 tok/s` reads 21300",
-        file="relaunch/logtext.py",
+        file="relaunch/judging/logtext.py",
         old='        return float(text.replace(grouped["sep"], "")) * scale\n',
         new='        return float(text.split(grouped["sep"])[0]) * scale\n',
         what="grouped figure read up to its separator",
@@ -124,7 +124,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="scientific-notation",
         mechanism="throughput forms: `2.13e+04 tok/s` reads 21300",
-        file="relaunch/logtext.py",
+        file="relaunch/judging/logtext.py",
         old=r'.]*\d)?(?:[eE][-+]?\d+)?"',
         new=r'.]*\d)?"',
         what="exponent dropped from NUMBER",
@@ -133,7 +133,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="uncertain-figures",
         mechanism="throughput forms: an uncertain figure (`21.300`) never degrades",
-        file="relaunch/logtext.py",
+        file="relaunch/judging/logtext.py",
         old="        if not suffix and _DOT_OR_THOUSANDS.fullmatch(text):\n            return None\n",
         new="        if False:\n            return None\n",
         what="`21.300` read as certain",
@@ -153,7 +153,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="torch-zip-eocd",
         mechanism="checkpoints by content: a torch zip without its end records is cut",
-        file="relaunch/checkpoints.py",
+        file="relaunch/deciding/checkpoints.py",
         old='        state="cut", format=TORCH, detail=f"cut short: no end-of-central-directory',
         new='        state="complete", format=TORCH, detail=f"cut short: no end-of-central-directory',
         what="zip with no EOCD judged complete",
@@ -162,7 +162,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="safetensors-header",
         mechanism="checkpoints by content: a safetensors file must end where its header says",
-        file="relaunch/checkpoints.py",
+        file="relaunch/deciding/checkpoints.py",
         old="    if want != p.size:\n",
         new="    if False:\n",
         what="header's data end not compared with size",
@@ -180,7 +180,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="date-is-no-step",
         mechanism="checkpoints: a name whose number is a date is no step",
-        file="relaunch/checkpoints.py",
+        file="relaunch/deciding/checkpoints.py",
         old="    if date := _is_date(number):\n",
         new="    if date := None:\n",
         what="date check removed from not_a_step",
@@ -207,7 +207,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="unknown-never-stops",
         mechanism="an unrecorded live trainer is unmanaged, never `unknown` (whose remedy stops and launches)",
-        file="relaunch/diagnosis.py",
+        file="relaunch/judging/diagnosis.py",
         old="    if snap.strays and not snap.pid_alive:\n",
         new="    if False:\n",
         what="strays no longer make `unmanaged`",
@@ -216,7 +216,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="gang-unreachable-never-stops",
         mechanism="a gang node that cannot be reached is unknown: nothing stopped on the others",
-        file="relaunch/gang.py",
+        file="relaunch/deciding/gang.py",
         old="    gone = [n for n in lost if n.diagnosis is None]\n",
         new="    gone = []\n",
         what="unreachable node no longer escalates",
@@ -281,7 +281,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="own-error-over-peer",
         mechanism="a rank's own error over a peer's lost collective",
-        file="relaunch/diagnosis.py",
+        file="relaunch/judging/gone.py",
         old="    return _own_rank_failure(lines, first) or first\n",
         new="    return first\n",
         what="first failure always wins",
@@ -290,7 +290,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="abort-is-the-error",
         mechanism="an abort after a distributed error is that error",
-        file="relaunch/diagnosis.py",
+        file="relaunch/judging/gone.py",
         old="if signal in NATIVE_SIGNALS and not (signal == 6 and distributed) and",
         new="if signal in NATIVE_SIGNALS and",
         what="SIGABRT in torchrun's table is a rank's own crash",
@@ -302,7 +302,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="terminate-words-own",
         mechanism="an abort after a distributed error is that error, wherever the peers' lines landed",
-        file="relaunch/diagnosis.py",
+        file="relaunch/judging/gone.py",
         old="        at, found = next(((i, f) for i, f in terminated if f and CXX_TERMINATE.match(f[2][0])), (len(lines), None))\n",
         new="        at, found = len(lines), None\n",
         what="C++ terminate's unprefixed words not read",
@@ -311,7 +311,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="what-line-below",
         mechanism="C++ terminate's message is its `what():` line, other processes' lines between them",
-        file="relaunch/diagnosis.py",
+        file="relaunch/judging/gone.py",
         old='        if line.lstrip().startswith("what():"):\n            return line.strip()\n        if CXX_TERMINATE.match(line):\n',
         new='        if line.lstrip().startswith("what():"):\n            return line.strip()\n        if True:\n',
         what="what(): only on the very next line",
@@ -320,7 +320,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="outside-signal-killed",
         mechanism="exit 129/130/143 is `killed`, whatever was printed",
-        file="relaunch/diagnosis.py",
+        file="relaunch/judging/gone.py",
         old="    if code is not None and code - 128 in OUTSIDE_SIGNALS and not oom_kernel:\n",
         new="    if False:\n",
         what="outside-signal rule removed",
@@ -329,7 +329,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="saved-log-oom",
         mechanism="a saved log without a PID: an OOM kill named like the trainer is host_oom_killed",
-        file="relaunch/diagnosis.py",
+        file="relaunch/judging/gone.py",
         old="        oom_kernel = _unnamed_oom_lines(snap)\n",
         new="        oom_kernel = []\n",
         what="kills by name not read",

@@ -899,7 +899,7 @@ def _start(
 ) -> Iterator[Engine]:
     from relaunch.testing.netns import fleet_of_hosts
     from relaunch.testing.targets import shell_target
-    from relaunch.transport import close_all
+    from relaunch.wire.transport import close_all
 
     db = stack.enter_context(postgres(workdir / "pg", procs))
     rd = stack.enter_context(redis(workdir / "redis", procs))
@@ -958,7 +958,7 @@ def _stop_trainers(targets: list[Any]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from relaunch.plans.stop import plan_stop
-    from relaunch.transport import run, transport_for
+    from relaunch.wire.transport import run, transport_for
 
     def stop(t: Any) -> None:
         try:

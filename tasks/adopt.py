@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from relaunch.config import Target
 from relaunch.plans.adopt import Adoption, parse_adoption, plan_adopt
-from relaunch.runfiles import utc_stamp
+from relaunch.runlayout import utc_stamp
 from relaunch.tasks.common import execute, log, step_task
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import re
 
-from relaunch.commands import script
 from relaunch.config import Target
 from relaunch.host import host_script
+from relaunch.judging.snapshot import HealthSnapshot
 from relaunch.plans.rebuild_venv import installer_flags
-from relaunch.runfiles import utc_stamp
-from relaunch.snapshot import HealthSnapshot
+from relaunch.runlayout import utc_stamp
 from relaunch.steps import StacksDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
 from relaunch.vocabulary import Step
+from relaunch.wire.commands import script
 
 TOP_FRAMES = 3
 

@@ -14,11 +14,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext, TaskRunContext
 
-from relaunch.commands import Command, Result
 from relaunch.config import Target
-from relaunch.errors import is_transient
+from relaunch.errors import Result, is_transient
 from relaunch.tasks import secrets
-from relaunch.transport import run, transport_for
+from relaunch.wire.commands import Command
+from relaunch.wire.transport import run, transport_for
 
 # Keys and passphrases in Secret blocks are read through Prefect, wherever a task reaches a host.
 secrets.install()

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from relaunch.goodput import Observation, StepSpan, Timeline, from_event
+from relaunch.records.goodput import Observation, StepSpan, Timeline, from_event
 from relaunch.vocabulary import Step
 
 # Read from this long before the window: the run the window opens on was launched, and last seen, before it.

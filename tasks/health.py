@@ -9,14 +9,15 @@ from contextlib import nullcontext
 from pydantic import BaseModel, Field
 
 from relaunch.config import Target
-from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose
+from relaunch.deciding.gang import NodeHealth, current_members, judge_gang, node_targets
 from relaunch.errors import CommandFailed, StateFolderTaken, TransportError
-from relaunch.gang import NodeHealth, current_members, judge_gang, node_targets
-from relaunch.goodput import Observation
-from relaunch.hardware import gpu_indexes_of
-from relaunch.plans.health import plan_journal_step, plan_snapshot
-from relaunch.runfiles import new_nonce, parse_snapshot, state_identity
-from relaunch.snapshot import HealthSnapshot
+from relaunch.judging.diagnosis import advance, diagnose
+from relaunch.judging.findings import Diagnosis, Progress
+from relaunch.judging.hardware import gpu_indexes_of
+from relaunch.judging.snapshot import HealthSnapshot
+from relaunch.plans.health import parse_snapshot, plan_journal_step, plan_snapshot
+from relaunch.records.goodput import Observation
+from relaunch.runlayout import new_nonce, state_identity
 from relaunch.tasks.adopt import adopt_run
 from relaunch.tasks.common import Progress as ProgressArtifact
 from relaunch.tasks.common import artifact_key, execute, log, step_task
@@ -83,7 +84,7 @@ def journal_last_step(target: Target, seen: Diagnosis, seen_in: HealthSnapshot) 
 def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> HealthResult:
     """Poll every node of the target (one host is a gang of one) with a long-poll wait on each host, in parallel, one
     round trip each per poll (a node's poll returns the moment its trainer dies); return the first settled verdict (or
-    `starting` at the timeout). One host's verdict is its own; a gang's is relaunch.gang.judge_gang of the nodes of its
+    `starting` at the timeout). One host's verdict is its own; a gang's is relaunch.deciding.gang.judge_gang of the nodes of its
     current launch (spares and nodes left out are listed, not judged), and a node that cannot be reached is said, not
     retried (one host that cannot be reached is the check's error).
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from relaunch.checkpoints import Choice, choose, read_listing
 from relaunch.config import Target
+from relaunch.deciding.checkpoints import Choice, choose, read_listing
 from relaunch.errors import CheckpointUnusable
 from relaunch.plans.launch import plan_launch, plan_list_checkpoints
-from relaunch.runfiles import log_path, new_run_id
+from relaunch.runlayout import log_path, new_run_id
 from relaunch.steps import LaunchDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
 from relaunch.vocabulary import Step

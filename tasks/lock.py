@@ -13,12 +13,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import HostBusy
 from relaunch.host import host_script
 from relaunch.plans.lock import lock_path, plan_acquire
 from relaunch.tasks.common import execute, log
+from relaunch.wire.commands import Command, script
 
 HEARTBEAT_SECONDS = 60
 

@@ -1,7 +1,7 @@
 """Memory across nights, kept in Prefect Variables: every worker of a scale-out reads the same, and no database is added.
 
-One Variable per target (`relaunch-history-...`: its nights, relaunch/history.py) and one per host
-(`relaunch-gpus-...`: its GPU ledger, relaunch/ledger.py). Why Variables and not flow runs or artifacts found by
+One Variable per target (`relaunch-history-...`: its nights, relaunch/deciding/history.py) and one per host
+(`relaunch-gpus-...`: its GPU ledger, relaunch/deciding/ledger.py). Why Variables and not flow runs or artifacts found by
 tag: a Variable is one small JSON document read by name in one request, and a person can clear an entry of it in
 place; reading the nights back out of old runs' artifacts would page through every run of the target and parse
 markdown written for people. Writes are safe without a transaction: a target's history is written under its lock
@@ -21,8 +21,8 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from relaunch.config import Target
-from relaunch.history import History, Night
-from relaunch.ledger import GpuFault, Ledger
+from relaunch.deciding.history import History, Night
+from relaunch.deciding.ledger import GpuFault, Ledger
 
 LEDGER_TAG = "relaunch-gpu-ledger"
 HISTORY_TAG = "relaunch-history"

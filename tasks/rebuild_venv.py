@@ -21,7 +21,6 @@ gets its file names from where it is imported; the system-site-packages .pth nam
 
 from __future__ import annotations
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.errors import PreflightFailed, is_transient
 from relaunch.plans.rebuild_venv import (
@@ -38,11 +37,12 @@ from relaunch.plans.rebuild_venv import (
     plan_mark,
     plan_swap,
 )
-from relaunch.runfiles import utc_stamp
+from relaunch.runlayout import utc_stamp
 from relaunch.steps import BuildDetail, RebuildDetail, StepRecord, counted
 from relaunch.tasks.common import Progress, artifact_key, execute, log, step_task, timed
 from relaunch.tasks.leftovers import stop_earlier_try
 from relaunch.vocabulary import Step
+from relaunch.wire.commands import Command, script
 
 
 def prune(target: Target, plan: dict[str, Command]) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from relaunch.config import Target
 from relaunch.plans.rollback_venv import parse_rollback, plan_rollback
-from relaunch.runfiles import utc_stamp
+from relaunch.runlayout import utc_stamp
 from relaunch.steps import RollbackDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
 from relaunch.tasks.lock import target_lock

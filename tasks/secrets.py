@@ -1,8 +1,8 @@
-"""Prefect Secret blocks for the SSH transport (relaunch/ssh.py reads keys and passphrases through this)."""
+"""Prefect Secret blocks for the SSH transport (relaunch/wire/ssh.py reads keys and passphrases through this)."""
 
 from __future__ import annotations
 
-from relaunch import ssh
+from relaunch.wire import ssh
 
 
 def load_secret(name: str) -> str:

@@ -8,15 +8,15 @@ the warm-up has finished, so a recovery killed mid-warm-up is seen and redone by
 
 from __future__ import annotations
 
-from relaunch.commands import Command
 from relaunch.config import Target
 from relaunch.errors import CommandFailed
 from relaunch.plans.warm_cache import foreign_entries, parse_aside, plan_remove_aside, plan_warm
-from relaunch.runfiles import utc_stamp
+from relaunch.runlayout import utc_stamp
 from relaunch.steps import StepRecord, WarmDetail
 from relaunch.tasks.common import Progress, artifact_key, execute, log, step_task, timed
 from relaunch.tasks.leftovers import stop_earlier_try
 from relaunch.vocabulary import Step
+from relaunch.wire.commands import Command
 
 IN_USE = 5  # cache_remove_aside.sh: a process still uses the aside copy
 

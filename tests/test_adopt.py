@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from relaunch.errors import CommandFailed
-from relaunch.runfiles import state_identity
+from relaunch.runlayout import state_identity
 from relaunch.tasks.adopt import adopt_run
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch

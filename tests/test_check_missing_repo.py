@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from relaunch.diagnosis import diagnose
+from relaunch.judging.diagnosis import diagnose
 from relaunch.tasks.health import collect_snapshot
 from relaunch.testing.targets import shell_target
 from relaunch.vocabulary import Verdict

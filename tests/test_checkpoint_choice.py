@@ -15,16 +15,15 @@ from pathlib import Path
 import pytest
 
 from relaunch import runlayout
-from relaunch.checkpoints import Entry, RunFacts, choose, read_listing
 from relaunch.config import Target
+from relaunch.deciding.checkpoints import Entry, RunFacts, choose, read_listing
 from relaunch.errors import CheckpointUnusable
-from relaunch.plans.launch import plan_list_checkpoints
-from relaunch.runfiles import trainer_command
+from relaunch.plans.launch import plan_list_checkpoints, trainer_command
 from relaunch.tasks.launch import describe, launch, pick_checkpoint
 from relaunch.tasks.stop import stop
 from relaunch.testing.faults import making, wait_for
 from relaunch.testing.targets import shell_target
-from relaunch.transport import run, transport_for
+from relaunch.wire.transport import run, transport_for
 
 # ---------------------------------------------------------------------------------------------
 # Pure choices over listings

@@ -27,11 +27,11 @@ from typer.testing import CliRunner
 from relaunch.cli import agent
 from relaunch.cli.app import app
 from relaunch.cli.status import goodput_of, parse_report, row
-from relaunch.commands import Command
 from relaunch.config import Target, load_fleet, load_target, load_targets
 from relaunch.errors import ConfigError, HostUnreachable, TransportError, is_transient
-from relaunch.ssh import SSHTransport
 from relaunch.testing.sshd import free_port, running_sshd
+from relaunch.wire.commands import Command
+from relaunch.wire.ssh import SSHTransport
 
 RELAUNCH = str(Path(sys.executable).parent / "relaunch")
 BASE = {

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from relaunch.config import load_target
+from relaunch.deciding.playbook import playbook_table
 from relaunch.errors import ConfigError
-from relaunch.playbook import playbook_table
 
 ROOT = Path(__file__).parent.parent
 GOOD = {

@@ -6,10 +6,10 @@ import ast
 from datetime import UTC, datetime
 from pathlib import Path
 
-from relaunch.decide import decide
-from relaunch.diagnosis import Diagnosis, Metrics
-from relaunch.history import night_of, restart_storm
-from relaunch.ledger import Ledger
+from relaunch.deciding.decide import decide
+from relaunch.deciding.history import night_of, restart_storm
+from relaunch.deciding.ledger import Ledger
+from relaunch.judging.findings import Diagnosis, Metrics
 from relaunch.testing.targets import shell_target
 from relaunch.vocabulary import Action, Cause, Verdict
 from tests.test_nights import snapshot_of

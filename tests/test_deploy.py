@@ -16,7 +16,7 @@ import yaml
 
 from relaunch.cli.status import parse_report, render, row
 from relaunch.config import Target
-from relaunch.deadman import deadman_name
+from relaunch.records.deadman import deadman_name
 from relaunch.testing.faults import wait_for
 from relaunch.testing.targets import shell_target, stop_all, tmux_alive
 from relaunch.vocabulary import Verdict

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from relaunch.config import Thresholds
-from relaunch.diagnosis import Progress, advance, diagnose, missing_package, stall_window_seconds
-from relaunch.runfiles import parse_gpu_csv
-from relaunch.snapshot import HealthSnapshot
+from relaunch.judging.alive import stall_window_seconds
+from relaunch.judging.diagnosis import advance, diagnose
+from relaunch.judging.findings import Progress
+from relaunch.judging.gone import missing_package
+from relaunch.judging.snapshot import HealthSnapshot
+from relaunch.plans.health import parse_gpu_csv
 from relaunch.vocabulary import Cause, Verdict
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -68,7 +71,7 @@ def test_steps_at_the_baseline_are_healthy_and_far_below_it_degraded():
 
 
 def test_throughput_is_read_in_common_formats_and_a_custom_pattern():
-    from relaunch.diagnosis import read_log
+    from relaunch.judging.reading import read_log
 
     lines = ["step=1 (20.0Ktok/s)", "step=2 21500 tok/s", "step=4 1.5M tokens/s", "step=5 900 tok/sec"]
     assert read_log(lines, T).throughputs == [20000.0, 21500.0, 1_500_000.0, 900.0]

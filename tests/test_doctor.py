@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from relaunch.cli.doctor import examine
-from relaunch.commands import Result
 from relaunch.config import Target
+from relaunch.errors import Result
 from relaunch.plans.doctor import Check, Status, host_checks, passed
 from relaunch.testing.faults import RELAUNCH, bin_without, cli_env, tmpfs, write_target
 from relaunch.testing.sshd import SSHServer, free_port, sshd  # noqa: F401  (sshd is a fixture)

@@ -27,7 +27,7 @@ from relaunch.flows.recover import recover_training
 from relaunch.plans.lock import lock_path
 from relaunch.plans.rebuild_venv import BUILDING_MARKER
 from relaunch.plans.rollback_venv import plan_rollback
-from relaunch.report import Report
+from relaunch.records.report import Report
 from relaunch.steps import LaunchDetail
 from relaunch.tasks.launch import launch
 from relaunch.tasks.rebuild_venv import rebuild_venv

@@ -129,7 +129,7 @@ def test_a_fleet_checks_result_loaded_from_its_entrypoint_as_a_worker_does_is_re
         cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.splitlines()[-1]) == ["relaunch.report", ["healthy"]]
+    assert json.loads(out.stdout.splitlines()[-1]) == ["relaunch.records.report", ["healthy"]]
 
 
 def test_the_python_call_the_docs_show_returns_the_fleet_report_when_a_target_is_not_fine(tmp_path):

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from relaunch.config import Target, Thresholds
-from relaunch.diagnosis import diagnose
 from relaunch.flows.recover import recover_training
-from relaunch.hardware import human_size
+from relaunch.judging.diagnosis import diagnose
+from relaunch.judging.hardware import human_size
 from relaunch.plans.launch import skipped_path
-from relaunch.report import Report
+from relaunch.records.report import Report
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop
@@ -367,9 +367,9 @@ def test_a_gpu_fault_with_an_unreadable_kernel_log_is_judged_from_the_trainers_c
     assert "RuntimeError: CUDA error: uncorrectable ECC error encountered" in first.evidence, told(report)
     assert len(runs(t)) == 1, f"one launch, never a relaunch onto the failed GPU: {runs(t)}"
     assert any("kernel log is not readable" in e for e in first.evidence), (
-        "BUG relaunch/diagnosis.py: the note 'the kernel log is not readable here ...' (_kernel_note) is added only in "
+        "BUG relaunch/judging/gone.py: the note 'the kernel log is not readable here ...' (kernel_note) is added only in "
         "_hardware, i.e. only when kernel or nvidia-smi evidence was found; when the GPU fault is judged from the trainer's "
-        "own lines in _gone (exactly the case where the kernel log could not be read) the note is left out, so the report "
+        "own lines in judge_gone (exactly the case where the kernel log could not be read) the note is left out, so the report "
         f"reads as if the kernel had been checked and was clean:\n{told(report)}"
     )
 
@@ -524,7 +524,7 @@ def test_a_checkpoint_that_does_not_load_is_skipped_kept_and_never_taken_again(m
     first = report.attempts[0]
     died = run_log(t, record.run_id)
     assert (first.verdict, first.cause, first.action) == (Verdict.CRASHED, Cause.BROKEN_CHECKPOINT, Action.RELAUNCH_EARLIER), (
-        "BUG relaunch/signatures.py SIGNATURES (Cause.BROKEN_CHECKPOINT): torch.load of a checkpoint cut short to between ~4 KiB "
+        "BUG relaunch/judging/signatures.py SIGNATURES (Cause.BROKEN_CHECKPOINT): torch.load of a checkpoint cut short to between ~4 KiB "
         "and ~64 KiB fails inside `torch._C.PyTorchFileReader` with `OSError: [Errno 22] Invalid argument` (torch 2.13; the "
         "zip reader seeks before the file's start looking for the central directory), which no signature names: the crash "
         "is judged `error`, the full recovery relaunches onto the same step_600.pt and the run crash-loops into an escalation "

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from relaunch.cli.app import app
 from relaunch.config import Target, Thresholds
-from relaunch.diagnosis import diagnose
+from relaunch.judging.diagnosis import diagnose
 from relaunch.tasks.health import collect_snapshot
 from tests.test_diagnose_fixtures import CASES, LOGS
 

@@ -25,18 +25,18 @@ import pytest
 
 from relaunch import runlayout
 from relaunch.config import Target
+from relaunch.deciding.gang import node_targets, rendezvous_port
 from relaunch.demo.multinode import gang_target, rank_pids, trainer_pid
 from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
-from relaunch.gang import node_targets, rendezvous_port
 from relaunch.tasks.health import check_health
 from relaunch.testing.faults import MID_STEP, case, environ, reap, start_time, wait_for
 from relaunch.testing.multirank import checkpoints, told
 from relaunch.testing.netns import Fleet, fleet_of_hosts
 from relaunch.testing.sshd import cannot_run_here
 from relaunch.testing.targets import current, step_detail, stop_all, wait_for_exit
-from relaunch.transport import close_all
 from relaunch.vocabulary import Action, Step, Verdict
+from relaunch.wire.transport import close_all
 from tests.test_multirank import recover, started_under, wheelhouse_or_skip
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

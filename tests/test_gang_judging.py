@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from relaunch.config import Target, load_target
-from relaunch.diagnosis import Diagnosis, Metrics
+from relaunch.deciding.gang import NodeHealth, current_members, gang_action, gang_run_id, judge_gang, node_targets, rendezvous_port
 from relaunch.errors import ConfigError
-from relaunch.gang import NodeHealth, current_members, gang_action, gang_run_id, judge_gang, node_targets, rendezvous_port
+from relaunch.judging.findings import Diagnosis, Metrics
 from relaunch.vocabulary import Action, Cause, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +132,7 @@ def test_a_gang_with_no_trainer_on_one_node_is_launched_again_as_a_whole():
 
 
 def test_the_fleet_table_has_a_row_per_node_under_a_gang():
-    from relaunch.report import FleetReport, FleetRow
+    from relaunch.records.report import FleetReport, FleetRow
 
     fleet = FleetReport(
         rows=[
@@ -215,9 +215,9 @@ def test_a_node_whose_gpu_failed_is_escalated_naming_it_or_replaced_by_a_spare_a
 def saved_node(k: int, fixture: str) -> NodeHealth:
     """A node judged from its captured log as the health poll would see its trainer gone with exit code 1."""
     from relaunch.config import Thresholds
-    from relaunch.diagnosis import diagnose
-    from relaunch.logtext import read_log
-    from relaunch.snapshot import HealthSnapshot
+    from relaunch.judging.diagnosis import diagnose
+    from relaunch.judging.logtext import read_log
+    from relaunch.judging.snapshot import HealthSnapshot
 
     excerpt = read_log(ROOT / "tests" / "fixtures" / "logs" / fixture)
     snap = HealthSnapshot(

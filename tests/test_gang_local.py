@@ -11,9 +11,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 
 from relaunch.config import Host, Target
+from relaunch.deciding.gang import node_targets
 from relaunch.demo.multinode import node_like
 from relaunch.flows.recover import host_limit_name, recover_training
-from relaunch.gang import node_targets
 from relaunch.testing.faults import live_trainers
 from relaunch.testing.multirank import told
 from relaunch.testing.targets import shell_target, stop_all

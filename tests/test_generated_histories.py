@@ -22,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import Phase as Phase_
 from hypothesis import strategies as st
 
-from relaunch.activity import (
+from relaunch.config import Thresholds
+from relaunch.deciding.playbook import remedy
+from relaunch.judging.activity import (
     HANG_CEILING_FACTOR,
     HANG_SAMPLES,
     _stacks_verdict,
@@ -31,11 +33,11 @@ from relaunch.activity import (
     stack_sample,
     typical_step_seconds,
 )
-from relaunch.config import Thresholds
-from relaunch.diagnosis import Diagnosis, Progress, advance, diagnose, run_activity
-from relaunch.playbook import remedy
-from relaunch.runfiles import parse_journal
-from relaunch.snapshot import HealthSnapshot, JournalPoll, JournalStep, OpenWrite
+from relaunch.judging.alive import run_activity
+from relaunch.judging.diagnosis import advance, diagnose
+from relaunch.judging.findings import Diagnosis, Progress
+from relaunch.judging.snapshot import HealthSnapshot, JournalPoll, JournalStep, OpenWrite
+from relaunch.plans.health import parse_journal
 from relaunch.vocabulary import Action, Verdict
 
 LAUNCH = 1_700_000_000.0

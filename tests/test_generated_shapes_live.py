@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relaunch.playbook import remedy
+from relaunch.deciding.playbook import remedy
 from relaunch.tasks.health import check_health
 from relaunch.testing.faults import making, wait_for
 from relaunch.vocabulary import Action, Verdict

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from relaunch.goodput import Observation, StepSpan, Timeline, compute, report, table, text_table, trend_markdown
+from relaunch.records.goodput import Observation, StepSpan, Timeline, compute, report, table, text_table, trend_markdown
 from relaunch.vocabulary import Category, Step, Verdict
 
 DAY = datetime(2026, 1, 1, tzinfo=UTC)

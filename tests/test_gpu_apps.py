@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from relaunch.config import Thresholds
-from relaunch.diagnosis import diagnose
-from relaunch.runfiles import parse_gpu_apps
-from relaunch.snapshot import GpuSample, HealthSnapshot
+from relaunch.judging.diagnosis import diagnose
+from relaunch.judging.snapshot import GpuSample, HealthSnapshot
+from relaunch.plans.health import parse_gpu_apps
 
 CAPTURE = Path(__file__).parent / "fixtures" / "gpu_host" / "apps_running.csv"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from relaunch.config import Thresholds
-from relaunch.diagnosis import Progress, advance, diagnose
-from relaunch.runfiles import parse_gpu_csv, parse_snapshot
+from relaunch.judging.diagnosis import advance, diagnose
+from relaunch.judging.findings import Progress
+from relaunch.plans.health import parse_gpu_csv, parse_snapshot
 from relaunch.vocabulary import Cause, Verdict
 
 HOST = Path(__file__).parent / "fixtures" / "gpu_host"

@@ -14,7 +14,7 @@ from relaunch.errors import CommandFailed
 from relaunch.steps import InstallDetail
 from relaunch.tasks.install_package import install_package
 from relaunch.testing.faults import making
-from relaunch.transport import local_env
+from relaunch.wire.transport import local_env
 
 
 @pytest.fixture

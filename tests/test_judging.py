@@ -13,11 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from relaunch.config import Thresholds
-from relaunch.diagnosis import Progress, advance, diagnose, read_log
-from relaunch.gpufaults import parse_gpu_health
-from relaunch.logtext import clean_lines
-from relaunch.runfiles import parse_disks
-from relaunch.snapshot import HealthSnapshot
+from relaunch.judging.diagnosis import advance, diagnose
+from relaunch.judging.findings import Progress
+from relaunch.judging.hardware import parse_gpu_health
+from relaunch.judging.logtext import clean_lines
+from relaunch.judging.reading import read_log
+from relaunch.judging.snapshot import HealthSnapshot
+from relaunch.plans.health import parse_disks
 from relaunch.vocabulary import Cause, Verdict
 
 FIXTURES = Path(__file__).parent / "fixtures"

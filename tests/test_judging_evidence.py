@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from relaunch.config import Thresholds
-from relaunch.diagnosis import Diagnosis
+from relaunch.judging.findings import Diagnosis
 from relaunch.tasks.health import HealthResult, check_health
 from relaunch.tasks.launch import launch
 from relaunch.testing.faults import making, wait_for

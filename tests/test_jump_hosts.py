@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from relaunch.commands import Command
 from relaunch.config import Host
 from relaunch.errors import AuthenticationFailed, HostKeyError, HostUnreachable, TransportError, is_transient
-from relaunch.ssh import SSHTransport
 from relaunch.testing.faults import wait_for
 from relaunch.testing.netns import BehindBastion, behind_bastion
 from relaunch.testing.sshd import keygen
+from relaunch.wire.commands import Command
+from relaunch.wire.ssh import SSHTransport
 
 CONNECT_TIMEOUT = 2.0
 

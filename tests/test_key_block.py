@@ -22,17 +22,17 @@ from typing import TypeVar
 import pytest
 import yaml
 
-from relaunch.commands import Command
 from relaunch.config import Host, load_target
 from relaunch.errors import AuthenticationFailed, ConfigError
 from relaunch.flows.check import check_training
-from relaunch.ssh import PASSPHRASE_ENV, SSHTransport
 from relaunch.tasks.launch import launch
 from relaunch.testing.faults import wait_for
 from relaunch.testing.sshd import SSHServer, keygen, sshd  # noqa: F401  (sshd is a fixture)
 from relaunch.testing.targets import shell_target, stop_all
-from relaunch.transport import close_all
 from relaunch.vocabulary import Verdict
+from relaunch.wire.commands import Command
+from relaunch.wire.ssh import PASSPHRASE_ENV, SSHTransport
+from relaunch.wire.transport import close_all
 
 T = TypeVar("T")
 LOGGERS = ("relaunch", "paramiko", "tasks", "flows")  # besides Prefect's own run loggers, which always reach the API

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from relaunch.errors import CommandFailed
+from relaunch.plans.launch import trainer_env
 from relaunch.plans.warm_cache import foreign_entries
-from relaunch.runfiles import state_identity, trainer_env
+from relaunch.runlayout import state_identity
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.stop import stop

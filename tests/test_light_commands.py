@@ -13,7 +13,7 @@ import pytest
 
 import relaunch.plans
 from relaunch.cli.tempserver import needs_temp_server
-from relaunch.playbook import steps_for
+from relaunch.deciding.playbook import steps_for
 from relaunch.testing.faults import write_target
 from relaunch.testing.targets import shell_target
 from relaunch.vocabulary import Action, Step
@@ -67,7 +67,7 @@ def test_stop_stops_the_target_and_imports_no_prefect_module(target_file):
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "stopped (0 process(es))" in result.stdout
     modules = imported_modules(result.stderr)
-    assert "relaunch.plans.stop" in modules and "relaunch.transport" in modules
+    assert "relaunch.plans.stop" in modules and "relaunch.wire.transport" in modules
     assert prefect_modules(modules) == []
 
 

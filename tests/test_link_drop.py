@@ -24,12 +24,12 @@ import pytest
 from relaunch.config import Target
 from relaunch.flows.recover import recover_training
 from relaunch.plans.rebuild_venv import BUILDING_MARKER, BUILT_RECORD
-from relaunch.report import Report
+from relaunch.records.report import Report
 from relaunch.testing.faults import MID_STEP, ONE, big_wheel, case, live_supervisor_groups, live_trainers, reap, start_time, wait_for
 from relaunch.testing.netns import Fleet, fleet_of_hosts
 from relaunch.testing.targets import finished, runs, shell_target, step_detail
-from relaunch.transport import close_all
 from relaunch.vocabulary import Verdict
+from relaunch.wire.transport import close_all
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -58,7 +58,7 @@ def records(target: Target, step_label: str) -> list[tuple[int, str, int]]:
     """(PID, start time, process group) of the host commands of one step still recorded in STATE/inflight.
 
     A record is named `SLUG.PID`, SLUG the command's label with every other character than a letter or digit
-    as `-`, cut at 60 (relaunch/commands.py _slug); `step_label` is how that slug begins, since some labels
+    as `-`, cut at 60 (relaunch/wire/commands.py _slug); `step_label` is how that slug begins, since some labels
     name their paths (`uv pip sync LOCK into VENV.new-STAMP`).
     """
     folder = Path(target.state_path) / "inflight"

@@ -1,6 +1,6 @@
 """Progress is a step number that advances; throughput is read in the forms people print, or not at all.
 
-Generated shapes (Hypothesis) against the readers in relaunch/diagnosis.py and the rule in relaunch/logtext.py, then
+Generated shapes (Hypothesis) against the readers in relaunch/judging/reading.py and the rule in relaunch/judging/logtext.py, then
 end-to-end diagnoses on real Lightning 2.6 output (tests/fixtures/judging/PROVENANCE.md). The harms they guard: a
 healthy run printing `21,300 tok/s` read as 21 tok/s and killed as degraded; `Restored from global step 100` read as
 a step, ending the start-up grace during a compile; a resumed Lightning run's `Training: | | 41/? [...]` read as no
@@ -16,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from relaunch.config import Thresholds
-from relaunch.diagnosis import diagnose, read_log
-from relaunch.logtext import clean_lines, printed_number
+from relaunch.judging.diagnosis import diagnose
+from relaunch.judging.logtext import clean_lines, printed_number
+from relaunch.judging.reading import read_log
 from relaunch.vocabulary import Verdict
 from tests.test_judging import alive, lines  # the snapshot of a live run, and a log as the poll reads it
 

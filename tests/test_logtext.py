@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import relaunch.logtext as logtext
+import relaunch.judging.logtext as logtext
 from relaunch.errors import ConfigError
-from relaunch.logtext import FAILURE_WORDS, MAX_LINE_CHARS, clean_lines, read_log
+from relaunch.judging.logtext import FAILURE_WORDS, MAX_LINE_CHARS, clean_lines, read_log
 
 REPO = Path(__file__).resolve().parent.parent
 LOGS = Path(__file__).parent / "fixtures" / "logs"

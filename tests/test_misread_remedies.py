@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from relaunch.checkpoints import Entry, choose
 from relaunch.config import Thresholds
-from relaunch.diagnosis import Diagnosis, diagnose
-from relaunch.logtext import clean_lines
-from relaunch.playbook import choose_action, remedy, resume_constraints, steps_for
-from relaunch.snapshot import HealthSnapshot
+from relaunch.deciding.checkpoints import Entry, choose
+from relaunch.deciding.playbook import choose_action, remedy, resume_constraints, steps_for
+from relaunch.judging.diagnosis import diagnose
+from relaunch.judging.findings import Diagnosis
+from relaunch.judging.logtext import clean_lines
+from relaunch.judging.snapshot import HealthSnapshot
 from relaunch.tasks.warm_cache import warm_cache
 from relaunch.testing.faults import making
 from relaunch.vocabulary import Action, Cause, Step, Verdict

@@ -27,7 +27,7 @@ import pytest
 
 from relaunch.config import Target
 from relaunch.flows.recover import recover_training
-from relaunch.report import Report
+from relaunch.records.report import Report
 from relaunch.tasks.stop import stop
 from relaunch.testing.faults import MID_STEP, ONE, case, live_trainers, reap, start_time, wait_for
 from relaunch.testing.multirank import (

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from relaunch.commands import Command
 from relaunch.config import Target
 from relaunch.errors import HostUnreachable, TransportError
 from relaunch.flows.fleet import check_fleet
@@ -23,8 +22,9 @@ from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.testing.netns import Fleet, fleet_of_hosts
 from relaunch.testing.targets import current, runs, shell_target, stop_all, wait_for_exit
-from relaunch.transport import close_all, run, transport_for
 from relaunch.vocabulary import Verdict
+from relaunch.wire.commands import Command
+from relaunch.wire.transport import close_all, run, transport_for
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

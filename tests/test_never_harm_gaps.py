@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 from relaunch.config import Host, Target
+from relaunch.deciding.gang import node_targets
 from relaunch.demo.multinode import node_like
 from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
-from relaunch.gang import node_targets
 from relaunch.tasks import common as task_common
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch
@@ -35,8 +35,8 @@ from relaunch.tasks.stop import stop
 from relaunch.testing.faults import ROOT, environ, live_trainers, making, reap, start_time, wait_for
 from relaunch.testing.netns import Fleet, fleet_of_hosts
 from relaunch.testing.targets import current, current_log, runs, shell_target, stop_all, wait_for_exit
-from relaunch.transport import close_all
 from relaunch.vocabulary import Step, Verdict
+from relaunch.wire.transport import close_all
 from tests.handmade import last_step, lose_pane
 
 with_server = pytest.mark.usefixtures("prefect_harness")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from relaunch.diagnosis import diagnose
+from relaunch.judging.diagnosis import diagnose
 from relaunch.tasks.health import collect_snapshot, poll_until_settled
 from relaunch.tasks.launch import launch
 from relaunch.tasks.rebuild_venv import rebuild_venv

@@ -1,4 +1,4 @@
-"""Across nights, judged purely (relaunch/history.py, relaunch/ledger.py, relaunch/incidents.py): restart storms, the GPU
+"""Across nights, judged purely (relaunch/deciding/history.py, relaunch/deciding/ledger.py, relaunch/deciding/incidents.py): restart storms, the GPU
 ledger and where a relaunch may run, incidents across the fleet. Kernel and nvidia-smi text: the captured fixtures."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relaunch.diagnosis import Diagnosis, Metrics
-from relaunch.gpufaults import parse_gpu_health
-from relaunch.history import History, Night, across_nights, night_of, restart_storm
-from relaunch.incidents import Sick, cut_off, incidents
-from relaunch.ledger import Ledger, gpu_faults, place, target_gpus
-from relaunch.logtext import clean_lines
-from relaunch.snapshot import HealthSnapshot
+from relaunch.deciding.history import History, Night, across_nights, night_of, restart_storm
+from relaunch.deciding.incidents import Sick, cut_off, incidents
+from relaunch.deciding.ledger import Ledger, gpu_faults, place, target_gpus
+from relaunch.judging.findings import Diagnosis, Metrics
+from relaunch.judging.hardware import parse_gpu_health
+from relaunch.judging.logtext import clean_lines
+from relaunch.judging.snapshot import HealthSnapshot
 from relaunch.vocabulary import Action, Cause, Verdict
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from relaunch.deciding.ledger import Ledger
 from relaunch.flows.check import check_training
 from relaunch.flows.fleet import check_fleet
 from relaunch.flows.recover import recover_training
-from relaunch.ledger import Ledger
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.tasks.memory import history_variable, read_ledger, write_ledger
 from relaunch.testing.faults import RELAUNCH, ROOT, cli_env, wait_for
 from relaunch.testing.netns import Fleet, fleet_of_hosts
 from relaunch.testing.targets import runs, shell_target, stop_all, wait_for_exit
-from relaunch.transport import close_all
 from relaunch.vocabulary import Action, Cause, Verdict
+from relaunch.wire.transport import close_all
 from tests.test_fleet_failures import XID, dmesg_printing, host_commands, launched_and_exited, made, recover, told, trainer  # noqa: F401
 from tests.test_netns_fleet import fleet, stopping, targets_on  # noqa: F401
 

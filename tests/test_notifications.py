@@ -247,7 +247,7 @@ def test_a_restart_storm_is_told_with_its_nights(server, receiver, tmp_path):
 
     from prefect.client.schemas.actions import VariableCreate
 
-    from relaunch.history import History, night_of
+    from relaunch.deciding.history import History, night_of
     from relaunch.tasks.health import poll_until_settled
     from relaunch.tasks.memory import HISTORY_TAG, history_variable
 
@@ -278,7 +278,7 @@ def test_a_gpu_in_the_ledger_with_no_spare_is_told_by_its_bus_id_and_the_ledger(
     the run on it crashes of something else and the target has no spare: the recovery escalates, naming the GPU."""
     from datetime import UTC, datetime, timedelta
 
-    from relaunch.ledger import Ledger, gpu_faults
+    from relaunch.deciding.ledger import Ledger, gpu_faults
     from relaunch.tasks.memory import write_ledger
     from tests.test_nights import snapshot_of
 
@@ -477,7 +477,7 @@ def test_a_nightly_check_that_never_runs_is_told_by_its_dead_man_alarm_and_one_w
     from prefect.client.schemas.actions import DeploymentScheduleCreate
     from prefect.client.schemas.schedules import IntervalSchedule
 
-    from relaunch.deadman import deadman_name
+    from relaunch.records.deadman import deadman_name
 
     # Two nightly deployments every 6 s, paused (a schedule switched off by mistake: no check runs at all).
     async def deploy(c) -> list:

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relaunch.commands import Command, script
 from relaunch.config import Container, Host
-from relaunch.ssh import SSHTransport
 from relaunch.testing.sshd import BIN, SSHServer, sshd  # noqa: F401  (sshd is a fixture)
-from relaunch.transport import LocalTransport, Transport
+from relaunch.wire.commands import Command, script
+from relaunch.wire.ssh import SSHTransport
+from relaunch.wire.transport import LocalTransport, Transport
 
 LAYERS = ["local", "local+pct", "local+docker", "ssh", "ssh+pct", "ssh+docker"]
 CONTAINER_IDS = {"pct": "201", "docker": "trainer"}

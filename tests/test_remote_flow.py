@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from relaunch.commands import Command
 from relaunch.config import Target
 from relaunch.errors import CommandFailed
 from relaunch.flows.check import check_training
@@ -21,8 +20,9 @@ from relaunch.tasks.stop import stop
 from relaunch.testing.faults import wait_for
 from relaunch.testing.sshd import SSHServer, sshd  # noqa: F401  (sshd is a fixture)
 from relaunch.testing.targets import finished, shell_target
-from relaunch.transport import close_all, run, transport_for
 from relaunch.vocabulary import Cause, Verdict
+from relaunch.wire.commands import Command
+from relaunch.wire.transport import close_all, run, transport_for
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

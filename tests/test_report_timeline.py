@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relaunch.report import TIMELINE_NOTES, Attempt, Report
+from relaunch.records.report import TIMELINE_NOTES, Attempt, Report
 from relaunch.steps import LaunchDetail, StepRecord, StopDetail, counted
 from relaunch.vocabulary import Action, Cause, Step, Verdict
 

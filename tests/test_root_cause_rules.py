@@ -23,10 +23,11 @@ from typer.testing import CliRunner
 
 from relaunch.cli.app import app
 from relaunch.config import Thresholds
-from relaunch.diagnosis import Diagnosis, diagnose
-from relaunch.logtext import clean_lines
-from relaunch.playbook import remedy
-from relaunch.snapshot import HealthSnapshot
+from relaunch.deciding.playbook import remedy
+from relaunch.judging.diagnosis import diagnose
+from relaunch.judging.findings import Diagnosis
+from relaunch.judging.logtext import clean_lines
+from relaunch.judging.snapshot import HealthSnapshot
 from relaunch.vocabulary import Action, Cause, Verdict
 
 CPU = Path(__file__).parent / "fixtures" / "logs" / "cpu"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from relaunch.checkpoints import Entry, choose, parse_listing, step_of
 from relaunch.config import Target
+from relaunch.deciding.checkpoints import Entry, choose, parse_listing, step_of
+from relaunch.deciding.playbook import redo_unfinished, steps_for
 from relaunch.plans.rebuild_venv import old_venvs_to_remove
 from relaunch.plans.warm_cache import CACHE_MARKER, foreign_entries, parse_aside
-from relaunch.playbook import redo_unfinished, steps_for
 from relaunch.vocabulary import Action
 
 GOOD = dict(name="t", repo_dir="/root/r", venv_dir="/root/r/.venv", lock_file="req.lock", launch_command="x", log_dir="/w/logs")

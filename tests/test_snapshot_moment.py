@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from relaunch.diagnosis import diagnose
+from relaunch.judging.diagnosis import diagnose
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.testing.faults import wait_for

@@ -19,16 +19,16 @@ import paramiko
 import pytest
 
 from relaunch.cli.doctor import examine
-from relaunch.commands import Command
 from relaunch.config import Host
 from relaunch.errors import ConfigError
 from relaunch.plans.doctor import Status, passed
-from relaunch.ssh import PASSPHRASE_ENV, SSHTransport
-from relaunch.sshconfig import passphrase_block, resolve
 from relaunch.testing.faults import wait_for
 from relaunch.testing.netns import BehindBastion, behind_bastion
 from relaunch.testing.sshd import keygen
 from relaunch.testing.targets import shell_target
+from relaunch.wire.commands import Command
+from relaunch.wire.ssh import PASSPHRASE_ENV, SSHTransport
+from relaunch.wire.sshconfig import passphrase_block, resolve
 
 CONFIG = """\
 Host gpu-box

@@ -14,17 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from relaunch.commands import (
-    Command,
-    Result,
-    describe_container_failure,
-    script,
-)
-from relaunch.errors import AuthenticationFailed, CommandFailed, CommandTooLong, HostKeyError, TransportError, is_transient
-from relaunch.ssh import PASSPHRASE_ENV, SSHTransport
+from relaunch.errors import AuthenticationFailed, CommandFailed, CommandTooLong, HostKeyError, Result, TransportError, is_transient
 from relaunch.testing.faults import wait_for
 from relaunch.testing.sshd import SSHServer, keygen, running_sshd, sshd  # noqa: F401  (sshd is a fixture)
-from relaunch.transport import run
+from relaunch.wire.commands import Command, describe_container_failure, script
+from relaunch.wire.ssh import PASSPHRASE_ENV, SSHTransport
+from relaunch.wire.transport import run
 
 
 @pytest.fixture
@@ -54,7 +49,7 @@ def test_the_remote_command_is_the_shell_joined_host_argv(transport: SSHTranspor
 
     from fabric import Connection
 
-    from relaunch.commands import host_argv
+    from relaunch.wire.commands import host_argv
 
     sent: list[str] = []
     original = Connection.run
@@ -185,7 +180,7 @@ def test_trust_on_first_use_accepts_and_records_an_unknown_key(sshd: SSHServer, 
     known_hosts = tmp_path / "ssh" / "known_hosts"
     known_hosts.parent.mkdir()
     known_hosts.write_text("# kept\nother.example ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl")
-    with caplog.at_level(logging.WARNING, logger="relaunch.ssh"):
+    with caplog.at_level(logging.WARNING, logger="relaunch.wire.ssh"):
         assert (
             SSHTransport(sshd.ssh_host(known_hosts_path=str(known_hosts), trust_on_first_use=True))
             .execute(Command(argv=("true",)))

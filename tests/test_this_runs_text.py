@@ -27,8 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relaunch.host import host_script
-from relaunch.logtext import FAILURE_WORDS
-from relaunch.runfiles import log_path, new_nonce, parse_snapshot
+from relaunch.judging.logtext import FAILURE_WORDS
+from relaunch.plans.health import parse_snapshot
+from relaunch.runlayout import log_path, new_nonce
 from relaunch.tasks.adopt import adopt_run
 from relaunch.tasks.health import check_health, collect_snapshot
 from relaunch.tasks.launch import launch

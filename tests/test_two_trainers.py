@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from relaunch.deciding.playbook import remedy
 from relaunch.errors import CommandFailed
-from relaunch.playbook import remedy
 from relaunch.tasks.health import check_health
 from relaunch.tasks.launch import launch
 from relaunch.testing.faults import making, wait_for

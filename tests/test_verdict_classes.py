@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from relaunch.diagnosis import Diagnosis
-from relaunch.playbook import choose_action, remedy
+from relaunch.deciding.playbook import choose_action, remedy
+from relaunch.judging.findings import Diagnosis
 from relaunch.vocabulary import Action, Cause, Verdict
 
 

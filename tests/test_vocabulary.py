@@ -9,10 +9,10 @@ import typing
 import pytest
 
 from flows.recover import OWN_CALLERS, RUNNERS, NoRunner, run_steps
-from relaunch.diagnosis import Diagnosis
+from relaunch.deciding.playbook import PLAYBOOK, steps_for
+from relaunch.judging.findings import Diagnosis
+from relaunch.judging.snapshot import HealthSnapshot
 from relaunch.plans import PLANS
-from relaunch.playbook import PLAYBOOK, steps_for
-from relaunch.snapshot import HealthSnapshot
 from relaunch.steps import StepDetail
 from relaunch.tasks.health import HealthResult
 from relaunch.testing.targets import shell_target

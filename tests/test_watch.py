@@ -19,14 +19,13 @@ from hypothesis import strategies as st
 
 from relaunch.config import Host
 from relaunch.flows.watch import Watch, look, watch_training
-from relaunch.plans.watch import Pulse
+from relaunch.judging.watching import Pulse, Seen, hand_over, seen
 from relaunch.tasks.launch import launch
 from relaunch.tasks.memory import read_handed, write_handed
 from relaunch.tasks.stop import stop
 from relaunch.testing.faults import wait_for
 from relaunch.testing.targets import current, runs, shell_target, stop_all, wait_for_exit
 from relaunch.vocabulary import Verdict
-from relaunch.watching import Seen, hand_over, seen
 
 pulses = st.builds(
     Pulse,

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _flow_env import ROOT  # noqa: E402 - first: the environment Prefect is imported into
 
 from relaunch.config import Host, Target  # noqa: E402
+from relaunch.deciding.gang import node_targets  # noqa: E402
 from relaunch.demo.multinode import THRESHOLDS, _launch, node_like, rank_pids  # noqa: E402
 from relaunch.demo.target import NO_MULTICAST  # noqa: E402
 from relaunch.flows.recover import recover_training  # noqa: E402
-from relaunch.gang import node_targets  # noqa: E402
 from relaunch.tasks.health import collect_snapshot  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
 from relaunch.testing.targets import shell_target  # noqa: E402

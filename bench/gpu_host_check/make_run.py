@@ -14,11 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from relaunch.commands import host_argv  # noqa: E402
 from relaunch.config import Target, Thresholds  # noqa: E402
 from relaunch.plans.health import plan_snapshot  # noqa: E402
 from relaunch.plans.launch import plan_launch  # noqa: E402
 from relaunch.plans.stop import plan_stop  # noqa: E402
+from relaunch.wire.commands import host_argv  # noqa: E402
 
 W = "/tmp/relaunch-gpu"
 target = Target(

@@ -35,7 +35,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ["PATH"] = f"{os.environ['PATH']}{os.pathsep}{Path(sys.executable).parent}"
 
 from relaunch.flows.recover import recover_training  # noqa: E402
-from relaunch.report import Report  # noqa: E402
+from relaunch.records.report import Report  # noqa: E402
 from relaunch.tasks.stop import stop  # noqa: E402
 from relaunch.testing.faults import reap, wait_for  # noqa: E402
 from relaunch.testing.multirank import (  # noqa: E402

@@ -74,8 +74,9 @@ def code_files(root: Path) -> list[Path]:
     files: list[Path] = []
     for package in ("relaunch", "flows", "tasks", "demo"):
         folder = root / package
-        for pattern in ("*.py", "cli/*.py", "flows/*.py", "tasks/*.py", "demo/*.py", "host/*.sh", "host/*.py"):
-            files.extend(sorted(folder.glob(pattern)))
+        # Every room of the package, at any depth (the core's rooms, the plans, the CLI), and the host scripts.
+        files.extend(sorted(folder.rglob("*.py")))
+        files.extend(sorted(folder.glob("host/*.sh")))
     return files
 
 

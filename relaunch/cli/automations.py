@@ -12,7 +12,7 @@ links to it), so `relaunch deploy` puts the same automations on a server from an
   2. with RELAUNCH_NOTIFY_URL set, creates or updates the notification block `relaunch-notify`: a Custom
      Webhook block that POSTs {"subject", "body", "text"} as JSON to that URL;
   3. creates or updates every automation in the file, and a dead-man alarm for every scheduled deployment
-     tagged `nightly` (relaunch/deadman.py; the file's `deadman:` sets its slack), by name: one that exists
+     tagged `nightly` (relaunch/records/deadman.py; the file's `deadman:` sets its slack), by name: one that exists
      is updated in place (its enabled/paused flag is kept as a person left it), extra copies of the same
      name are deleted, a new one is created; a dead-man alarm whose deployment is gone is deleted. A
      send-notification action names its block (`block: relaunch-notify`); when no notification block of
@@ -224,7 +224,7 @@ async def upsert(client, automation) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# The dead-man alarm: one Proactive automation per scheduled nightly deployment (relaunch/deadman.py).
+# The dead-man alarm: one Proactive automation per scheduled nightly deployment (relaunch/records/deadman.py).
 
 
 def load_deadman(path: Path) -> dict[str, Any]:
@@ -253,7 +253,7 @@ async def schedule_interval_seconds(schedules: list[Any]) -> float | None:
 async def deadman_specs(client, settings: dict[str, Any]) -> list[dict[str, Any]]:
     """One dead-man automation per target of each deployment tagged `settings['tag']` that has a schedule: its
     `target` parameter (check-training) or each of its `targets` (check-fleet)."""
-    from relaunch.deadman import deadman_automation
+    from relaunch.records.deadman import deadman_automation
 
     specs = []
     for d in await _all_deployments(client):
@@ -273,7 +273,7 @@ async def deadman_specs(client, settings: dict[str, Any]) -> list[dict[str, Any]
 
 async def remove_stale_deadmen(client, keep: set[str]) -> list[str]:
     """Dead-man automations of deployments that are gone (or no longer nightly): deleted, so none fires forever."""
-    from relaunch.deadman import NAME_PREFIX
+    from relaunch.records.deadman import NAME_PREFIX
 
     stale = [a for a in await client.read_automations() if a.name.startswith(NAME_PREFIX) and a.name not in keep]
     for automation in stale:

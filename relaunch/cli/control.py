@@ -124,7 +124,7 @@ def services_command(
         print(f"wrote {path}")
 
 
-# ---- goodput: where a target's time went (relaunch/goodput.py; docs/goodput.md) ----------------------------------
+# ---- goodput: where a target's time went (relaunch/records/goodput.py; docs/goodput.md) ----------------------------------
 @app.command()
 def goodput(
     target: str = typer.Argument(..., help="Target YAML, or the target's name as its runs recorded it."),
@@ -134,7 +134,7 @@ def goodput(
     """Productive training time and lost time by category, per night and in total, from what relaunch recorded in Prefect."""
     from datetime import UTC, datetime, timedelta
 
-    from relaunch import goodput as gp
+    from relaunch.records import goodput as gp
     from relaunch.tasks.goodput import collect_timeline
 
     with errors(as_json):

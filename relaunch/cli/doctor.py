@@ -8,11 +8,10 @@ trust_on_first_use says: the doctor tells a person about an unknown key, it does
 
 from __future__ import annotations
 
-from relaunch.commands import Result
 from relaunch.config import Host, Target
-from relaunch.errors import RelaunchError
+from relaunch.errors import RelaunchError, Result
 from relaunch.plans.doctor import Check, Status, api_check, host_checks, plan_doctor, route_checks, split_advice
-from relaunch.transport import LocalTransport, Transport
+from relaunch.wire.transport import LocalTransport, Transport
 
 # A server that is up answers /health in milliseconds; the doctor should not sit for the flows' 10 s on a hung one.
 API_TIMEOUT_SECONDS = 5.0
@@ -40,8 +39,8 @@ def _host_side(target: Target) -> list[Check]:
         transport = LocalTransport(target.host)
         checks = [Check(name="host", status=Status.OK, detail="this machine (kind: local)")]
     else:
-        from relaunch.ssh import SSHTransport
-        from relaunch.sshconfig import resolve
+        from relaunch.wire.ssh import SSHTransport
+        from relaunch.wire.sshconfig import resolve
 
         given = resolve(target.host).host  # as ~/.ssh/config makes it (unchanged without ssh_config)
         ssh = SSHTransport(strict(target.host))

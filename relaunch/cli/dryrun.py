@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import shlex
 
-from relaunch.commands import Command, host_argv
 from relaunch.config import Target
 from relaunch.host import script_name
 from relaunch.vocabulary import Step
+from relaunch.wire.commands import Command, host_argv
 
 STAMP = "<STAMP>"
 # A script's text is long and fixed (relaunch/host/*.sh): shown by its size, not inline.
@@ -22,8 +22,8 @@ LONG_ARGUMENT = 200
 def planned(target: Target) -> list[tuple[Step, str, Command]]:
     """(step, what, command) for the full procedure, in the order the recovery runs them: preflight and the
     leftovers' stop first (recover_training runs them before any action), then the full recovery's steps."""
+    from relaunch.deciding.playbook import steps_for
     from relaunch.plans import PLANS
-    from relaunch.playbook import steps_for
     from relaunch.vocabulary import Action
 
     steps = [Step.PREFLIGHT, Step.STOP_LEFTOVERS, *steps_for(Action.FULL_RECOVERY)]
@@ -41,7 +41,7 @@ def shown(command: Command) -> str:
 
 def render(target: Target) -> str:
     """Every node's commands, in turn, for a gang (each node's steps run at once with the others')."""
-    from relaunch.gang import indexed
+    from relaunch.deciding.gang import indexed
 
     nodes = indexed(target)
     if nodes[0][0] is None:

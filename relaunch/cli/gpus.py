@@ -1,4 +1,4 @@
-"""`relaunch gpus [clear]`: the GPU ledger (relaunch/ledger.py, kept in Prefect Variables by relaunch/tasks/memory.py)."""
+"""`relaunch gpus [clear]`: the GPU ledger (relaunch/deciding/ledger.py, kept in Prefect Variables by relaunch/tasks/memory.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import typer
 
 from relaunch.cli.root import app, errors, print_json
 
-# ---- relaunch gpus: the GPU ledger (relaunch/ledger.py, kept in Prefect Variables by relaunch/tasks/memory.py) ----
+# ---- relaunch gpus: the GPU ledger (relaunch/deciding/ledger.py, kept in Prefect Variables by relaunch/tasks/memory.py) ----
 gpus_app = typer.Typer(
     help="The GPU ledger: each GPU that failed under a target (Xid, ECC, off the bus), per host, never given back to a relaunch until cleared."
 )

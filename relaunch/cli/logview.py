@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
-from relaunch.commands import script
 from relaunch.config import Target
 from relaunch.errors import RelaunchError
 from relaunch.host import host_script
-from relaunch.transport import run, transport_for
+from relaunch.wire.commands import script
+from relaunch.wire.transport import run, transport_for
 
 LOG_PATH = host_script("log_path")
 

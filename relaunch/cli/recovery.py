@@ -49,9 +49,9 @@ def diagnose(
     """Diagnose a saved log: what a person runs on the log of a run that died last night."""
     import time
 
-    from relaunch.diagnosis import diagnose as judge
-    from relaunch.logtext import read_log
-    from relaunch.snapshot import HealthSnapshot
+    from relaunch.judging.diagnosis import diagnose as judge
+    from relaunch.judging.logtext import read_log
+    from relaunch.judging.snapshot import HealthSnapshot
 
     with errors(as_json):
         try:
@@ -180,7 +180,7 @@ def recover(
 
 
 def _where(target: Any) -> str:
-    from relaunch.gang import gang_label
+    from relaunch.deciding.gang import gang_label
 
     return gang_label(target)
 

@@ -126,13 +126,13 @@ def errors(as_json: bool = False) -> Iterator[None]:
 
 def reach(target: Any) -> Any:
     """Before a command does anything on the target's host: open the SSH route to it, the connection its commands then
-    use (relaunch.transport's pool). A host that cannot be reached (refused, no answer, no such name, a host key or
+    use (relaunch.wire.transport's pool). A host that cannot be reached (refused, no answer, no such name, a host key or
     key refused) ends the command here, at once: one line, exit 2, no flow run, nothing ran there. A gang is left to
     its flows, which put a spare in place of a node that cannot be reached."""
     if target.nodes or target.host.kind != "ssh":
         return target
-    from relaunch.ssh import SSHTransport
-    from relaunch.transport import transport_for
+    from relaunch.wire.ssh import SSHTransport
+    from relaunch.wire.transport import transport_for
 
     transport = transport_for(target.host)
     if isinstance(transport, SSHTransport):
@@ -234,10 +234,10 @@ def stop_target(target: Any, grace_seconds: float | None = None, deliberate: boo
     the first failing exit code."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from relaunch.commands import Result
-    from relaunch.gang import indexed
+    from relaunch.deciding.gang import indexed
+    from relaunch.errors import Result
     from relaunch.plans.stop import plan_stop
-    from relaunch.transport import run, transport_for
+    from relaunch.wire.transport import run, transport_for
 
     def one(node: Any) -> Result:
         return run(transport_for(node.host), plan_stop(node, grace_seconds, deliberate=deliberate), check=False)

@@ -122,7 +122,7 @@ def import_all_flows() -> None:
     import importlib
 
     flows = dict.fromkeys(module for modules in FLOW_MODULES.values() for module in modules)
-    for module in (*flows, "fastapi.encoders", "relaunch.ssh", "relaunch.demo.scenarios"):
+    for module in (*flows, "fastapi.encoders", "relaunch.wire.ssh", "relaunch.demo.scenarios"):
         importlib.import_module(module)
 
 

@@ -326,7 +326,7 @@ if [ "$want_kernel" = 1 ] && ! alive "$pid" "$pstart"; then
   if [ -n "$started" ]; then
     since=$(awk -v now="$now" -v s="$started" '{printf "%.3f\n", s - (now - $1)}' /proc/uptime)
     # A line without its own [stamp] continues the one before (drivers split "fallen off the bus" over lines).
-    # The driver's UUID and serial lines come too: the GPU ledger (relaunch/ledger.py) names a failed GPU by them.
+    # The driver's UUID and serial lines come too: the GPU ledger (relaunch/deciding/ledger.py) names a failed GPU by them.
     printf '%s\n' "$kernel" | awk -v since="$since" '/^\[ *[0-9.]+\]/ { t = $0; sub(/^\[ */, "", t); split(t, a, "]"); at = a[1] + 0 } at >= since' \
       | grep -E 'Out of memory|oom-kill|oom_reaper|Killed process|NVRM: Xid|NVRM: The NVIDIA GPU|fallen off the bus|GPU is lost|NVRM: GPU at PCI:|GPU serial number is' | tail -n 16
   fi

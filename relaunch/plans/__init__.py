@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from relaunch.commands import Command
 from relaunch.config import Target
 from relaunch.plans.launch import plan_launch, plan_list_checkpoints
 from relaunch.plans.leftovers import plan_reap
@@ -22,6 +21,7 @@ from relaunch.plans.restore_code import plan_restore
 from relaunch.plans.stop import plan_stop
 from relaunch.plans.warm_cache import plan_warm
 from relaunch.vocabulary import Step
+from relaunch.wire.commands import Command
 
 RUN_ID = "<RUN_ID>"
 NEWEST = "<newest usable checkpoint>"
@@ -32,7 +32,7 @@ Planned = list[tuple[str, Command]]
 
 def _launch(target: Target, stamp: str) -> Planned:
     listing = plan_list_checkpoints(target)
-    # The launch resumes from what the listing shows; the choice is made in Python after it (relaunch/checkpoints.py).
+    # The launch resumes from what the listing shows; the choice is made in Python after it (relaunch/deciding/checkpoints.py).
     launch = ("launch", plan_launch(target, RUN_ID, NEWEST if listing else None)[0])
     return [("list checkpoints", listing), launch] if listing else [launch]
 

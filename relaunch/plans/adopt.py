@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
-from relaunch.runfiles import state_identity
+from relaunch.runlayout import state_identity
+from relaunch.wire.commands import Command, script
 
 ADOPT = host_script("adopt")
 LOCK_WAIT_SECONDS = 30

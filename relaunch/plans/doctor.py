@@ -12,11 +12,11 @@ from enum import Enum
 
 from pydantic import BaseModel, Field
 
-from relaunch.commands import Command, Result, describe_container_failure, script
 from relaunch.config import Target
-from relaunch.errors import HostKeyError
+from relaunch.errors import HostKeyError, Result
 from relaunch.host import host_script
 from relaunch.plans.rebuild_venv import installer_flags
+from relaunch.wire.commands import Command, describe_container_failure, script
 
 DOCTOR = host_script("doctor")
 ADVICE = "\n  what to do: "

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.plans.leftovers import tracked
 from relaunch.plans.rebuild_venv import installer_flags
+from relaunch.wire.commands import Command, script
 
 
 def plan_install(target: Target, package: str) -> Command:

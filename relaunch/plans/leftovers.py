@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
+from relaunch.wire.commands import Command, script
 
 REAP = host_script("reap_leftovers")
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
+from relaunch.wire.commands import Command, script
 
 STALE_SECONDS = 600
 

@@ -12,11 +12,11 @@ from pathlib import PurePosixPath
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.plans.leftovers import tracked
 from relaunch.steps import BuildDetail
+from relaunch.wire.commands import Command, script
 
 BUILDING_MARKER = ".relaunch-building"
 # Written last into a venv built aside: its first line is the rebuild's stamp, its second the build's findings

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
-from relaunch.runfiles import utc_stamp
+from relaunch.runlayout import utc_stamp
+from relaunch.wire.commands import Command, script
 
 RESTORE = host_script("restore")
 # restore.sh's exit when the repo is mid-operation or holds unmerged files.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
+from relaunch.wire.commands import Command, script
 
 # Refuse under a live trainer (it has the venv's files open); otherwise swap, putting the current one back on failure.
 ROLLBACK = host_script("rollback_venv")

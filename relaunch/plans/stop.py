@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
-from relaunch.runfiles import state_identity
+from relaunch.runlayout import state_identity
 from relaunch.steps import StopDetail
+from relaunch.wire.commands import Command, script
 
 # What stop.sh waits beyond the grace at most: SIGKILL's own wait, the log writer, the pane, the GPUs' release.
 STOP_OVERHEAD_SECONDS = 90

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
+from relaunch.plans.launch import trainer_env
 from relaunch.plans.leftovers import tracked
-from relaunch.runfiles import trainer_env
+from relaunch.wire.commands import Command, script
 
 WARMUP_TIMEOUT_SECONDS = 3 * 3600
 WARMING_MARKER = ".relaunch-warming"

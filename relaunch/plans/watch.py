@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
-from relaunch.commands import Command, script
 from relaunch.config import Target
 from relaunch.host import host_script
-from relaunch.runfiles import number_or_none, state_identity
-
-
-class Pulse(BaseModel):
-    """One cheap look at a target's current run."""
-
-    run_id: str | None = Field(None, description="The run on record; None: never launched.")
-    pid: int | None = Field(None, description="Its recorded trainer PID.")
-    pid_alive: bool = Field(False, description="The recorded PID lives with its recorded start time.")
-    supervisor_alive: bool = Field(False, description="The run's supervisor, which records the trainer's exit code, lives.")
-    exit_code: int | None = Field(None, description="The exit record, once the supervisor wrote it.")
-    stopped: bool = Field(False, description="A person stopped the target (`relaunch stop`, or tmux kill-session).")
-    foreign: str | None = Field(None, description="The state folder is another target's (its identity): never acted on.")
+from relaunch.judging.logtext import number_or_none
+from relaunch.judging.watching import Pulse
+from relaunch.runlayout import state_identity
+from relaunch.wire.commands import Command, script
 
 
 def plan_pulse(target: Target, hold_seconds: float = 0.0) -> Command:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from relaunch import runlayout
 from relaunch.config import Target, Thresholds
-from relaunch.diagnosis import diagnose
-from relaunch.report import Report
+from relaunch.judging.diagnosis import diagnose
+from relaunch.records.report import Report
 from relaunch.tasks.health import collect_snapshot
 from relaunch.tasks.launch import launch
 from relaunch.testing.faults import descendants, environ, group_members, start_time, wait_for

@@ -83,7 +83,7 @@ def stop_all(*targets: Target) -> None:
 
     from relaunch.plans.stop import plan_stop
     from relaunch.tasks.health import collect_snapshot
-    from relaunch.transport import run, transport_for
+    from relaunch.wire.transport import run, transport_for
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda t: run(transport_for(t.host), plan_stop(t, 20), check=False), targets))

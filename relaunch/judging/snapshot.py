@@ -1,10 +1,8 @@
-"""What one health poll sees. Collected in one round trip by tasks/health.py, judged by relaunch.diagnosis."""
+"""What one health poll sees. Collected in one round trip by tasks/health.py, judged by relaunch.judging.diagnosis."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
-
-from relaunch.gpufaults import GpuHealth
 
 
 class GpuSample(BaseModel):
@@ -151,3 +149,14 @@ class HealthSnapshot(BaseModel):
     unfinished_steps: list[str] = Field(
         default_factory=list, description="Steps a killed recovery left half done (their markers are still on the host)."
     )
+
+
+class GpuHealth(BaseModel):
+    """One GPU's identity and error counters, as `nvidia-smi --query-gpu` reports them (None: not reported)."""
+
+    index: int
+    pci_bus_id: str = ""
+    ecc_uncorrected: int | None = Field(None, description="Volatile uncorrectable ECC errors since the driver loaded.")
+    retired_pages_pending: bool | None = Field(None, description="A page retirement waits for a GPU reset.")
+    remapped_rows_pending: bool | None = Field(None, description="A row remap waits for a GPU reset.")
+    remapped_rows_failure: bool | None = Field(None, description="Row remapping failed: the GPU needs service.")

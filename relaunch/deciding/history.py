@@ -14,10 +14,10 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
-from relaunch.checkpoints import step_of
-from relaunch.diagnosis import Diagnosis
-from relaunch.ledger import Placement
-from relaunch.playbook import steps_for
+from relaunch.deciding.checkpoints import step_of
+from relaunch.deciding.ledger import Placement
+from relaunch.deciding.playbook import steps_for
+from relaunch.judging.findings import Diagnosis
 from relaunch.vocabulary import Action, Cause, Step, Verdict
 
 # A Prefect Variable holds at most 5,000 characters of JSON (prefect.types.MAX_VARIABLE_VALUE_LENGTH); the oldest

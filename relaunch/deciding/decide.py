@@ -12,14 +12,13 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from relaunch.config import Target
-from relaunch.diagnosis import Diagnosis
-from relaunch.gang import NodeHealth, gang_action
-from relaunch.gpufaults import bus_key
-from relaunch.hardware import gpu_indexes_of
-from relaunch.history import Storm, across_nights
-from relaunch.ledger import GpuFault, Ledger, gpu_faults, place, target_gpus
-from relaunch.playbook import choose_action
-from relaunch.snapshot import HealthSnapshot
+from relaunch.deciding.gang import NodeHealth, gang_action
+from relaunch.deciding.history import Storm, across_nights
+from relaunch.deciding.ledger import GpuFault, Ledger, gpu_faults, place, target_gpus
+from relaunch.deciding.playbook import choose_action
+from relaunch.judging.findings import Diagnosis
+from relaunch.judging.hardware import bus_key, gpu_indexes_of
+from relaunch.judging.snapshot import HealthSnapshot
 from relaunch.vocabulary import Action, Cause
 
 

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, Command, Result, describe_container_failure, host_argv, timed_out_on_host
 from relaunch.config import Host
-from relaunch.errors import CommandFailed, TransportError
+from relaunch.errors import CommandFailed, Result, TransportError
+from relaunch.wire.commands import HOST_TIMEOUT_GRACE_SECONDS, Command, describe_container_failure, host_argv, timed_out_on_host
 
 
 class Transport(Protocol):
@@ -106,7 +106,7 @@ def transport_for(host: Host) -> Transport:
         if host.kind == "local":
             _POOL[key] = LocalTransport(host)
         else:
-            from relaunch.ssh import SSHTransport
+            from relaunch.wire.ssh import SSHTransport
 
             _POOL[key] = SSHTransport(host)
     return _POOL[key]

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
-from relaunch.diagnosis import Metrics
-from relaunch.gang import NodeHealth
-from relaunch.goodput import Observation
-from relaunch.snapshot import GpuSample
+from relaunch.deciding.gang import NodeHealth
+from relaunch.judging.findings import Metrics
+from relaunch.judging.snapshot import GpuSample
+from relaunch.records.goodput import Observation
 from relaunch.steps import StepRecord
 from relaunch.vocabulary import Action, Cause, Verdict
 

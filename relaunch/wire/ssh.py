@@ -5,7 +5,7 @@ from each hop to the next). Host keys are checked against known_hosts on every h
 keys are refused unless that hop opts into trust-on-first-use; a changed key is never accepted.
 A private key comes from a file or, held in memory only, from a Prefect Secret block; its passphrase from the hop's
 own Secret block, then the one variable every key may share. With `ssh_config: true` the host is an alias that
-~/.ssh/config resolves (relaunch/sshconfig.py), and ssh-agent's keys are offered too. Failures of
+~/.ssh/config resolves (relaunch/wire/sshconfig.py), and ssh-agent's keys are offered too. Failures of
 the wire become TransportError (Prefect retries those), except a host this process never reached that cannot be
 connected to (HostUnreachable.first_contact: refused, no answer, no such name), which is said at once; host-key and
 credential problems need a person.
@@ -33,10 +33,10 @@ from fabric import Config, Connection
 from fabric.runners import Remote
 from invoke.exceptions import CommandTimedOut, ThreadException
 
-from relaunch.commands import HOST_TIMEOUT_GRACE_SECONDS, MAX_COMMAND_BYTES, Command, Result, host_argv, timed_out_on_host
 from relaunch.config import Host, JumpHost, SSHLogin
-from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, HostUnreachable, RelaunchError, TransportError
-from relaunch.sshconfig import passphrase_block, resolve
+from relaunch.errors import AuthenticationFailed, CommandTooLong, HostKeyError, HostUnreachable, RelaunchError, Result, TransportError
+from relaunch.wire.commands import HOST_TIMEOUT_GRACE_SECONDS, MAX_COMMAND_BYTES, Command, host_argv, timed_out_on_host
+from relaunch.wire.sshconfig import passphrase_block, resolve
 
 # Reads a Prefect Secret block by name (tasks/secrets.py): set from above, so that the core imports no Prefect.
 SecretLoader = Callable[[str], str]
@@ -86,7 +86,7 @@ class _Remote(Remote):
 def _fabric_config() -> Config:
     # An explicit, empty SSH config and no invoke/fabric config files: the Host model is the only source
     # of truth (a ~/.ssh/config HostName or ProxyCommand must not silently redirect recovery commands). A host that
-    # opts in (ssh_config: true) has its config read into that model first, by relaunch/sshconfig.py, in the open.
+    # opts in (ssh_config: true) has its config read into that model first, by relaunch/wire/sshconfig.py, in the open.
     return Config(ssh_config=paramiko.SSHConfig(), lazy=True, overrides={"runners": {"remote": _Remote}})
 
 
@@ -515,7 +515,7 @@ class SSHTransport:
         if _secret_loader is None:
             raise AuthenticationFailed(
                 f"{hop.where}: Secret block {name!r} cannot be read here: no loader of Prefect Secret blocks was set\n"
-                "  what to do: run through the relaunch command or a flow (they set it), or call relaunch.ssh.use_secret_loader"
+                "  what to do: run through the relaunch command or a flow (they set it), or call relaunch.wire.ssh.use_secret_loader"
             )
         try:
             value = _secret_loader(name)

@@ -6,7 +6,7 @@ Read with paramiko's SSHConfig (what fabric's load_ssh_configs uses), from the c
 sets wins over the config, as an option on `ssh`'s command line does. ProxyCommand is refused (only ProxyJump is
 followed); a jump host's own ProxyJump is not followed (OpenSSH would chain it): list the whole chain in ProxyJump.
 
-Host keys are still verified as without it (relaunch/ssh.py, never AutoAddPolicy): StrictHostKeyChecking is not read.
+Host keys are still verified as without it (relaunch/wire/ssh.py, never AutoAddPolicy): StrictHostKeyChecking is not read.
 A key file's passphrase is per host: the Secret block `ssh-passphrase-<alias>` when it exists (passphrase_block).
 """
 

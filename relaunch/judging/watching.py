@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from relaunch.plans.watch import Pulse
+from pydantic import BaseModel, Field
 
 
 class Seen(str, Enum):
@@ -42,3 +42,15 @@ def hand_over(pulse: Pulse, handled: str | None) -> bool:
     death this watch handed over). A recovery that ended without a new run (finished, escalated) is not started again
     for the same death every round; the next run's death is."""
     return seen(pulse).hands_over() and pulse.run_id != handled
+
+
+class Pulse(BaseModel):
+    """One cheap look at a target's current run."""
+
+    run_id: str | None = Field(None, description="The run on record; None: never launched.")
+    pid: int | None = Field(None, description="Its recorded trainer PID.")
+    pid_alive: bool = Field(False, description="The recorded PID lives with its recorded start time.")
+    supervisor_alive: bool = Field(False, description="The run's supervisor, which records the trainer's exit code, lives.")
+    exit_code: int | None = Field(None, description="The exit record, once the supervisor wrote it.")
+    stopped: bool = Field(False, description="A person stopped the target (`relaunch stop`, or tmux kill-session).")
+    foreign: str | None = Field(None, description="The state folder is another target's (its identity): never acted on.")

@@ -33,7 +33,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from relaunch.runfiles import number_or_none
+from relaunch.judging.logtext import number_or_none
 
 # Extensions of single-file checkpoints; a folder checkpoint has none.
 EXTENSIONS = re.compile(r"\.(pt|pth|ckpt|bin|safetensors|tar|pkl|pickle|distcp|zip|npz|msgpack|h5|index)$", re.IGNORECASE)

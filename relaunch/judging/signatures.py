@@ -218,7 +218,7 @@ DEFAULT_LOSS = re.compile(
 # `Restored from global step 100`, `Evaluating at step 500`, `skipping first 500 batches`), or it lies inside a path
 # (Lightning's `Restored all states from the checkpoint at /ckpt/epoch=1-step=80.ckpt`). The default step pattern
 # (`step[=: ]N`) matches them all; counted as steps they ended the start-up grace of a run that then compiled for
-# minutes after its resume, and it was called stalled and killed. The rule is relaunch.logtext.training_step_mention:
+# minutes after its resume, and it was called stalled and killed. The rule is relaunch.judging.logtext.training_step_mention:
 # a clause ends at `|`, `;`, `•` or a sentence's full stop; a governing word before the mention in its clause decides,
 # and after it only the words of GOVERNS_AFTER (`step 200: checkpoint saved`), so that `step=12 val loss 2.1` and
 # `step=12 eval_loss=2.1` stay training steps. A word that is a metric's key (`eval_loss`, `val/loss`, `saving=False`,

@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass
 
 from relaunch.config import Container
-from relaunch.errors import CommandTooLong
+from relaunch.errors import CommandTooLong, Result
 from relaunch.host import host_script
 
 
@@ -44,19 +44,6 @@ class Command:
     def display(self) -> str:
         """Short human form for errors and logs."""
         return self.label or shlex.join(self.argv)[:300]
-
-
-@dataclass(frozen=True)
-class Result:
-    exit_code: int
-    stdout: str
-    stderr: str = ""
-    elapsed_seconds: float = 0.0
-
-    @property
-    def tail(self) -> str:
-        text = (self.stdout + ("\n" + self.stderr if self.stderr else "")).strip()
-        return "\n".join(text.splitlines()[-20:])
 
 
 def script(

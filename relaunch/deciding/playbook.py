@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from relaunch.diagnosis import Diagnosis
+from relaunch.judging.findings import Diagnosis
 from relaunch.vocabulary import Action, Cause, Step, Verdict
 
 

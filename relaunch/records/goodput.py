@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, Field
 
-from relaunch.checkpoints import step_of
-from relaunch.diagnosis import Diagnosis, Progress
-from relaunch.snapshot import HealthSnapshot
+from relaunch.deciding.checkpoints import step_of
+from relaunch.judging.findings import Diagnosis, Progress
+from relaunch.judging.snapshot import HealthSnapshot
 from relaunch.vocabulary import Category, Step, Verdict
 
 # A trainer's recorded start (the host's clock) may fall this long after its launch step began and be the same launch;

@@ -21,7 +21,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from relaunch.snapshot import HealthSnapshot, JournalPoll
+from relaunch.judging.snapshot import HealthSnapshot, JournalPoll
 
 # Linux reports /proc CPU times in USER_HZ ticks, 100 a second on every architecture it runs on.
 TICKS_PER_SECOND = 100

@@ -13,7 +13,7 @@ import re
 from pydantic import BaseModel, Field
 
 from relaunch.config import DEFAULT_STATE_ROOT, Target
-from relaunch.diagnosis import Diagnosis
+from relaunch.judging.findings import Diagnosis
 from relaunch.vocabulary import Action, Cause, Verdict
 
 # Worst first: the verdict a gang whose live nodes disagree takes from the nodes that print step lines.

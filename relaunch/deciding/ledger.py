@@ -12,9 +12,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from relaunch.gpufaults import GpuHealth, bus_key, gpu_for_pci, health_problems, parse_xids
-from relaunch.hardware import lost_gpus, targets_gpu
-from relaunch.snapshot import HealthSnapshot
+from relaunch.judging.hardware import bus_key, gpu_for_pci, health_problems, lost_gpus, parse_xids, targets_gpu
+from relaunch.judging.snapshot import GpuHealth, HealthSnapshot
 
 # The driver names a GPU's UUID and serial number as it reports a fault (xid79_journal.txt):
 # `NVRM: GPU at PCI:0000:00:06: GPU-b30686fb-...`, `NVRM: GPU 0000:00:06.0: GPU serial number is 0.`

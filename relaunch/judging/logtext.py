@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from relaunch.errors import ConfigError
-from relaunch.signatures import CLAUSE_BREAK, GOVERNS_AFTER, NOT_A_TRAINING_STEP, PATH_TOKEN
+from relaunch.judging.signatures import CLAUSE_BREAK, GOVERNS_AFTER, NOT_A_TRAINING_STEP, PATH_TOKEN
 
 MAX_LINE_CHARS = 2000
 
@@ -355,3 +356,14 @@ def _next_hit(buf: bytearray, i: int, hi: int, nexts: dict[bytes, int]) -> int:
         if at >= 0 and (best < 0 or at < best):
             best = at
     return best
+
+
+N = TypeVar("N", int, float)
+
+
+def number_or_none(text: str | None, kind: Callable[[str], N]) -> N | None:
+    """A host file's number (`kind` of it), or None where the file was empty, missing or half-written."""
+    try:
+        return kind(text) if text else None
+    except ValueError:
+        return None

@@ -1,0 +1,1 @@
+"""Deciding: what to do about a verdict. Pure: the playbook per cause, the checkpoint to resume from, the GPU ledger, the nights' history, the gang, fleet incidents, and decide(), the one call the recovery flow makes per attempt."""

@@ -1,0 +1,1 @@
+"""Judging: what a host's evidence says of a run. Pure, no I/O: the poll's snapshot, log text, failure signatures, torchrun's ranks, the hardware, the run's activity, and the verdict on a run alive (alive.py) or gone (gone.py)."""
