@@ -40,7 +40,7 @@ from relaunch.tasks.rebuild_venv import build_venv, rebuild_venv
 from relaunch.tasks.restore_code import check_restorable, restore_code
 from relaunch.tasks.stop import stop
 from relaunch.tasks.warm_cache import warm_cache
-from relaunch.vocabulary import Action, Cause, Step, Verdict
+from relaunch.vocabulary import Action, Step, Verdict
 
 
 def each(step: Any, nodes: list[tuple[int | None, Target]], *args: Any, **kwargs: Any) -> list[StepRecord]:
@@ -96,8 +96,10 @@ RUNNERS: dict[Step, Runner] = {
     Step.REBUILD_VENV: lambda run: each(rebuild_venv, run.nodes, stamp=run.stamp),
     Step.INSTALL_PACKAGE: lambda run: each(install_package, run.nodes, run.health.diagnosis.package or ""),
     Step.RESTORE_CODE: lambda run: each(restore_code, run.nodes),
-    # A cache the trainer died loading is kept aside for a person to look at, never removed.
-    Step.WARM_CACHE: lambda run: each(warm_cache, run.nodes, keep_aside=run.health.diagnosis.cause is Cause.CORRUPT_CACHE),
+    # A cache the trainer died loading is kept aside for a person to look at, never removed (Cause.keeps_cache_aside).
+    Step.WARM_CACHE: lambda run: each(
+        warm_cache, run.nodes, keep_aside=bool(run.health.diagnosis.cause and run.health.diagnosis.cause.keeps_cache_aside())
+    ),
     Step.LAUNCH: _launch,
 }
 # Steps that are no action's: each has its own caller (preflight and leftovers before the attempts, the rollback after a

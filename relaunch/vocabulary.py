@@ -66,6 +66,15 @@ class Cause(str, Enum):
         budget across nights (relaunch/deciding/history.py), as SkyPilot keeps preemptions apart from `max_restarts_on_errors`."""
         return self in _INFRASTRUCTURE
 
+    def knock_on_rank(self) -> int:
+        """How likely a node's crash of this cause only followed a peer's (-1: a failure of its own; higher: more likely
+        the knock-on): a gang's first failure is the node whose cause ranks lowest (relaunch/deciding/gang.py)."""
+        return _KNOCK_ON.index(self) if self in _KNOCK_ON else -1
+
+    def keeps_cache_aside(self) -> bool:
+        """The compile cache is this failure's evidence: the warm-up keeps it aside for a person instead of removing it."""
+        return self is Cause.CORRUPT_CACHE
+
 
 # killed: a SIGTERM/SIGKILL from outside is a preemption or an operator. silent_exit: gone with no exit code and no
 # trace, which is what a host reboot or a lost container leaves (the supervisor that records the exit died too).
@@ -75,6 +84,10 @@ class Cause(str, Enum):
 # corrupt_cache: a cache cut short by a full disk or a kill mid-write; the code is not at fault. checkpoint_incompatible
 # is drift or a code change, and counts.
 _INFRASTRUCTURE = frozenset({Cause.KILLED, Cause.SILENT_EXIT, Cause.GPU_FAULT, Cause.DISK_FULL, Cause.CORRUPT_CACHE})
+# Causes a node's crash takes when it only followed a peer's, least likely to be the first failure last: a lost
+# collective says so (distributed_failure), and so, as a rule, does a plain exception (gloo's "connection closed by
+# peer" raised in the rank).
+_KNOCK_ON = (Cause.ERROR, Cause.DISTRIBUTED_FAILURE)
 
 
 class Category(str, Enum):

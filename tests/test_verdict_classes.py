@@ -33,3 +33,13 @@ def test_a_diverged_run_is_recovered_by_the_nightly_check_as_its_help_says():
 def test_a_recovery_asked_for_a_stopped_target_relaunches_it():
     action, why = choose_action(Diagnosis(verdict=Verdict.STOPPED), [], 3)
     assert action is Action.RELAUNCH and "asked" in why
+
+
+def test_only_the_cache_a_trainer_died_loading_is_kept_aside_by_the_warm_up():
+    assert [c for c in Cause if c.keeps_cache_aside()] == [Cause.CORRUPT_CACHE]
+
+
+@pytest.mark.parametrize("own", [c for c in Cause if c not in (Cause.ERROR, Cause.DISTRIBUTED_FAILURE)])
+def test_a_nodes_own_failure_ranks_before_a_plain_error_and_a_lost_collective_as_a_gangs_first_failure(own):
+    # judge_gang names the node whose cause ranks lowest: a lost collective is the likeliest knock-on of all.
+    assert own.knock_on_rank() < Cause.ERROR.knock_on_rank() < Cause.DISTRIBUTED_FAILURE.knock_on_rank()

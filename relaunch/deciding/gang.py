@@ -18,8 +18,6 @@ from relaunch.vocabulary import Action, Cause, Verdict
 
 # Worst first: the verdict a gang whose live nodes disagree takes from the nodes that print step lines.
 ALIVE_ORDER = (Verdict.STALLED, Verdict.DIVERGED, Verdict.DEGRADED, Verdict.STARTING, Verdict.HEALTHY)
-# Causes a node's crash takes when it only followed a peer's, least likely to be the first failure last.
-KNOCK_ON = (Cause.ERROR, Cause.DISTRIBUTED_FAILURE)
 
 
 class NodeHealth(BaseModel):
@@ -184,7 +182,7 @@ def judge_gang(everyone: list[NodeHealth]) -> Diagnosis:
             # A node whose ranks failed because a peer went is the knock-on, not the cause: a lost collective says so
             # (distributed_failure), and so, as a rule, does a plain exit 1 (gloo's "connection closed by peer" raised in
             # the rank) beside a node whose rank was killed or crashed by itself. Ties go to the lowest node.
-            first = min(hit, key=lambda n: KNOCK_ON.index(n.diagnosis.cause) if n.diagnosis and n.diagnosis.cause in KNOCK_ON else -1)
+            first = min(hit, key=lambda n: n.diagnosis.cause.knock_on_rank() if n.diagnosis and n.diagnosis.cause else -1)
             return _named(first, others(first))
     if gone:
         first = gone[0]
