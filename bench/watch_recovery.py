@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shlex
 import signal
 import statistics
@@ -187,6 +188,7 @@ class Kills:
         pid = int(Path(runlayout.record(self.target.state_path, run_id, runlayout.PID)).read_text().split()[0])
         pgid = os.getpgid(pid)
         self.died.clear()
+        cpu_before = relaunch_cpu()
         kill_wall, start = time.time(), time.monotonic()
         os.killpg(pgid, signal.SIGKILL)
         if not self.died.wait(120):
@@ -196,6 +198,7 @@ class Kills:
         returned: list[float] = []
         future.add_done_callback(lambda _: returned.append(time.time()))
         report = future.result(timeout=900)
+        cpu_after = relaunch_cpu()
         wait_for("the recovery's end recorded", lambda: returned, 5, nap=0.001)
         ok = report.ok and report.verdict is not None and report.verdict.value == "healthy"
         relaunched = Path(runlayout.record(self.target.state_path, current(self.target), runlayout.LOG_PATH)).read_text().strip()
@@ -211,7 +214,40 @@ class Kills:
             "ok": ok,
             "process_first_step_seconds": process_first_step(Path(relaunched)),
             "phases": where,
+            # CPU seconds relaunch spent from the kill to the recovery's return, on the cores the trainer starts on.
+            "relaunch_cpu_seconds": {k: round(cpu_after[k] - cpu_before[k], 2) for k in cpu_before},
         }
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (its threads too), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids() -> list[int]:
+    """The temporary Prefect server's processes: this process's descendants that are not the trainer's (no tmux)."""
+    out, todo = [], [os.getpid()]
+    while todo:
+        parent = todo.pop()
+        for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
+            out.append(int(child))
+            todo.append(int(child))
+    server = (b"prefect", b"uvicorn")
+    return [pid for pid in out if any(word in Path(f"/proc/{pid}/cmdline").read_bytes() for word in server)]
+
+
+def relaunch_cpu() -> dict[str, float]:
+    """CPU seconds so far of what relaunch runs beside the trainer: this process (the watch and the recovery flow's
+    threads), the host commands it ran and reaped (the polls, the stop, the launch), and the Prefect server."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    server = 0.0
+    for pid in server_pids():
+        try:
+            server += cpu_seconds(pid)
+        except OSError:
+            pass
+    return {"flow": me.ru_utime + me.ru_stime, "host_commands": kids.ru_utime + kids.ru_stime, "server": server}
 
 
 def main() -> int:

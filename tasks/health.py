@@ -47,6 +47,7 @@ def collect_snapshot(
     seen: Diagnosis | None = None,
     seen_in: HealthSnapshot | None = None,
     wake_floor_seconds: float = 0.2,
+    progress_wake_floor_seconds: float | None = None,
 ) -> HealthSnapshot:
     """One poll. `seen`/`seen_in`: the previous poll's verdict and snapshot, whose step this poll journals on the host
     (RUN/journal) and whose wish for stacks it honours."""
@@ -61,6 +62,7 @@ def collect_snapshot(
         seen_step=(at, step) if at is not None and step is not None else None,
         want_stacks=bool(seen and seen.want_stacks),
         wake_floor_seconds=wake_floor_seconds,
+        progress_wake_floor_seconds=progress_wake_floor_seconds,
     )
     snap = parse_snapshot(execute(target, command).stdout, target.host.label, nonce)
     if snap.state_owner:
@@ -108,7 +110,7 @@ def poll_until_settled(target: Target, timeout_seconds: float | None = None) -> 
         seen = previous.get(k, (None, None))
         starting = seen[0] is not None and seen[0].verdict is Verdict.STARTING
         try:
-            snap = collect_snapshot(node, wait, starting, *seen, wake_floor(progress[k]))
+            snap = collect_snapshot(node, wait, starting, *seen, wake_floor(progress[k]), PROGRESS_WAKE_FLOOR_SECONDS)
         except TransportError as exc:
             if not gang:
                 raise  # one host that cannot be reached: the check's error, with the host, the command and what to do
@@ -194,12 +196,18 @@ def adopt_foreign(target: Target) -> bool:
     return True
 
 
+# How soon a start-up's poll may return at a write that looks like progress (relaunch.plans.health.PROGRESS_WORDS),
+# before the first step line too: the first step line is read within this, not up to a poll interval after it.
+PROGRESS_WAKE_FLOOR_SECONDS = 0.2
+
+
 def wake_floor(progress: Progress) -> float:
-    """How soon a start-up's poll may return at a write to the log (the poll wakes on it only while `starting`).
+    """How soon a start-up's poll may return at any write to the log (the poll wakes on it only while `starting`).
 
     The first write and every write after it may hold the step line that settles the verdict, so the poll does not
-    wait out its interval past it. Before the first step line, at most one poll a second: a start-up's loading and
-    compile lines may come many a second for minutes. After it, 0.2 s: the next step lines settle the verdict."""
+    wait out its interval past it. Before the first step line, at most one poll a second for writes that do not look
+    like progress: a start-up's loading and compile lines may come many a second for minutes. After it, 0.2 s: the
+    next step lines settle the verdict."""
     return 0.2 if progress.last_step is not None else 1.0
 
 

@@ -120,3 +120,36 @@ def test_a_waiting_poll_not_asked_to_wake_waits_its_whole_time_however_much_is_w
         stop.set()
         writer.join()
     assert elapsed >= 1.5 and len(snap.log_tail) > 5, (elapsed, len(snap.log_tail))
+
+
+def test_a_start_up_poll_wakes_at_once_at_a_step_line_but_only_once_per_floor_for_compile_lines(log):
+    target, path = log
+    append(path, "loading shards\n")
+    collect_snapshot(target)  # the last poll: its mark and how far it read
+    stop = threading.Event()
+
+    def compiling() -> None:  # a start-up's chatter: no step, no rate
+        i = 1
+        while not stop.wait(0.05):
+            append(path, f"[inductor] compiling graph {i} of many\n")
+            i += 1
+
+    writer = threading.Thread(target=compiling)
+    writer.start()
+    try:
+        # Any write may wake it only after 5 s; a line like progress after 0.2 s.
+        start = time.monotonic()
+        collect_snapshot(target, 1.5, True, None, None, 5.0, 0.2)
+        assert time.monotonic() - start >= 1.5, "compile lines alone do not wake the poll before its floor"
+        (mark,) = Path(target.state_path).glob("runs/*/poll_mark")
+        with ThreadPoolExecutor(1) as pool:
+            start = time.monotonic()
+            poll = pool.submit(collect_snapshot, target, 30, True, None, None, 5.0, 0.2)
+            wait_for(lambda: time.time_ns() > mark.stat().st_mtime_ns + 50_000_000, 5, "the clock to pass the mark")
+            append(path, steps(1, 1))
+            snap = poll.result(timeout=60)
+    finally:
+        stop.set()
+        writer.join()
+    assert any(line.startswith("step=1 ") for line in snap.log_tail), snap.log_tail[-3:]
+    assert time.monotonic() - start < 4.5, "the step line woke the poll, long before the 5 s floor for any write"

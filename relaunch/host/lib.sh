@@ -10,7 +10,7 @@
 #   STATE/runs/ID/supervisor_pid  "PID STARTTIME" of its supervisor (leader of its process group)
 #   STATE/runs/ID/exit_code       written when the trainer exits
 #   STATE/runs/ID/{log_path,started_at,checkpoint,spec,launcher.sh,supervisor.sh}
-#   STATE/runs/ID/{scan,scan_matches,scan.lock,poll_mark}  the health poll's bookkeeping (snapshot.sh)
+#   STATE/runs/ID/{scan,scan_matches,scan.lock,poll_mark,poll_size}  the health poll's bookkeeping (snapshot.sh)
 # Files are read with bash's own `$(< FILE)` (no cat process): a fleet check runs this on every host, often.
 current_run() { local r; { r=$(< "$1/current"); } 2> /dev/null || return 1; printf '%s\n' "$r"; }
 # VAR=the contents of FILE (without the final newline), empty if it cannot be read.

@@ -7,6 +7,7 @@
 . ./lib.sh
 state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10} logdir=${11} ckpt=${12}
 wake_ms=${13:-0} identity=${14:-} seen_step=${15:-} want_stacks=${16:-0} repo=${17:-} command=${18:-}
+progress_wake_ms=${19:-0} progress_re=${20:-}
 # py-spy where relaunch brought it (capture_stacks: STATE/tools) or on PATH; asked for only when stacks are wanted.
 pyspy=''
 if [ "$want_stacks" = 1 ]; then
@@ -138,8 +139,21 @@ now_us t; end=$(( t + wait_ms * 1000 ))
 # wake): a log written many times a second makes at most one poll per WAKE_MS.
 ref='' log='' wake_from=$(( t + wake_ms * 1000 ))
 if [ "$wake_ms" -gt 0 ] && [ -n "$run_id" ] && [ -f "$run/poll_mark" ]; then slurp log "$run/log_path"; follow_log; ref=$run/poll_mark; fi
+# Sooner, not before PROGRESS_WAKE_MS (the 19th argument; 0: never), where what was written since the last poll
+# read the log (RUN/poll_size: how far it read) holds a line like the 20th argument (a step word, it/s): a start-up's
+# compile lines wake a poll once per WAKE_MS, its first step line at once. One look (tail and grep) per PROGRESS_WAKE_MS
+# at most, and only while the log is newer than the mark.
+read_upto='' progress_from=$(( t + progress_wake_ms * 1000 ))
+if [ -n "$ref" ] && [ "$progress_wake_ms" -gt 0 ] && [ "$progress_wake_ms" -lt "$wake_ms" ] && [ -n "$progress_re" ] && [ -r "$run/poll_size" ]; then
+  read -r read_upto < "$run/poll_size" || read_upto=''
+  [[ $read_upto =~ ^[0-9]+$ ]] || read_upto=''
+fi
 while [ -n "$pid" ] && [ ! -e "$run/exit_code" ] && alive "$pid" "$pstart" && now_us t && [ "$t" -lt "$end" ]; do
   [ -n "$ref" ] && [ "$t" -ge "$wake_from" ] && [ "$log" -nt "$ref" ] && break
+  if [ -n "$read_upto" ] && [ "$t" -ge "$progress_from" ] && [ "$log" -nt "$ref" ]; then
+    grep -Eiqm1 -- "$progress_re" < <(tail -c +$((read_upto + 1)) -- "$log" 2> /dev/null) && break
+    progress_from=$(( t + progress_wake_ms * 1000 ))
+  fi
   nap 0.05
 done
 # The supervisor writes the exit code just after the trainer dies (once the log writer drained and no marked process
@@ -334,6 +348,8 @@ fi
 if [ -n "$log" ] && [ -f "$log" ]; then
   [ -w "$run" ] && { : > "$run/poll_mark"; } 2> /dev/null
   size=$(stat -L -c %s -- "$log")
+  # How far this poll read (the mark is written first: a write between the two is newer than the mark, never lost).
+  [ -w "$run" ] && { printf '%s\n' "$size" > "$run/poll_size"; } 2> /dev/null
   # Only this run's text: from RUN/log_offset ("SIZE SUM": where the run began, written at its launch or adoption),
   # not what earlier runs appended before it (`tee -a`, `>>`, many runs pointed at one file). A log now shorter than
   # that, or whose 64 bytes before it are no longer the ones summed (copytruncate, then new writes past it), was

@@ -16,6 +16,9 @@ from relaunch.wire.commands import Command, script
 # (enough for the step rate and the last traceback).
 TAIL_BYTES = 256 * 1024
 TAIL_LINES = 200
+# What a line that may settle a start-up looks like, to the host's wait (grep -Ei): a step or iteration word, a rate,
+# an epoch's bar. Only a hint of when to poll: a line it wakes on is judged by the diagnosis like any other.
+PROGRESS_WORDS = r"step|iter|it/s|s/it|epoch|tok/s|tokens/s"
 
 
 def plan_snapshot(
@@ -27,11 +30,14 @@ def plan_snapshot(
     seen_step: tuple[float, int] | None = None,
     want_stacks: bool = False,
     wake_floor_seconds: float = 0.2,
+    progress_wake_floor_seconds: float | None = None,
 ) -> Command:
     """One poll; the wait is sent in milliseconds so a fractional poll interval is honoured.
 
     With `wake_on_log_write` the wait also ends when the trainer's log is written, not before `wake_floor_seconds`
-    (a log written many times a second makes at most one poll per floor). `seen_step` (host time, step):
+    (a log written many times a second makes at most one poll per floor), and not before `progress_wake_floor_seconds`
+    where the lines written since the last poll look like progress (PROGRESS_WORDS): a start-up's first step line is read
+    at once while its compile lines wake a poll once per floor. `seen_step` (host time, step):
     what the previous poll read in the log, journaled by this one (RUN/journal). `want_stacks`: py-spy dumps of the
     tree's Python processes come back too (a quiet log over a busy tree: computing, or waiting?)."""
     args = (target.state_path, target.tmux_session, str(int(wait_seconds * 1000)), str(tail_lines), "1", nonce)
@@ -39,6 +45,8 @@ def plan_snapshot(
     args += (str(max(1, int(wake_floor_seconds * 1000))) if wake_on_log_write else "0", state_identity(target))
     args += (f"{seen_step[0]:.6f} {seen_step[1]}" if seen_step else "", "1" if want_stacks else "0")
     args += (target.repo_dir, target.launch_command)
+    progress = wake_on_log_write and progress_wake_floor_seconds is not None
+    args += (str(max(1, int(progress_wake_floor_seconds * 1000))) if progress else "0", PROGRESS_WORDS)
     return script(host_script("snapshot"), *args, label="health poll", timeout_seconds=wait_seconds + 60)
 
 
