@@ -16,7 +16,7 @@ from prefect.exceptions import ObjectNotFound
 
 from relaunch.config import Target
 from relaunch.deciding.decide import decide
-from relaunch.deciding.gang import gang_label, gang_run_id, indexed, replacement
+from relaunch.deciding.gang import Nodes, gang_label, gang_run_id, indexed, replacement
 from relaunch.deciding.history import Night, Storm, night_of, restart_storm
 from relaunch.deciding.ledger import GpuFault, Ledger
 from relaunch.deciding.playbook import resume_constraints, steps_for
@@ -43,14 +43,14 @@ from relaunch.tasks.warm_cache import warm_cache
 from relaunch.vocabulary import Action, Step, Verdict
 
 
-def each(step: Any, nodes: list[tuple[int | None, Target]], *args: Any, **kwargs: Any) -> list[StepRecord]:
-    """One step on every node (relaunch.deciding.gang.indexed): a run of one node runs it as before; a gang runs it on all its
-    nodes at once (Prefect task runs in threads) and waits for all, so the next step begins on no node before this one
-    ended on every node."""
-    if nodes and nodes[0][0] is None:
-        return [_record(step(nodes[0][1], *args, **kwargs))]
+def each(step: Any, nodes: Nodes, *args: Any, **kwargs: Any) -> list[StepRecord]:
+    """One step on every node (relaunch.deciding.gang.Nodes): a run of one node runs it in the flow's own thread; a gang
+    runs it on all its nodes at once (Prefect task runs in threads) and waits for all, so the next step begins on no
+    node before this one ended on every node."""
+    if not nodes.gang:
+        return [_record(step(node, *args, **kwargs)) for _, node in nodes]
     futures = [(k, step.submit(node, *args, **kwargs)) for k, node in nodes]
-    return [_record(f.result()).model_copy(update={"node": k}) for k, f in futures]
+    return [_record(f.result()).model_copy(update={"node": nodes.node_of(k)}) for k, f in futures]
 
 
 def _record(result: StepRecord | tuple[Any, StepRecord]) -> StepRecord:
@@ -68,8 +68,8 @@ class StepRun:
     attempt: int
     stamp: str
     run_id: str
-    nodes: list[tuple[int | None, Target]]  # the nodes to launch (relaunch.deciding.gang.indexed)
-    stopping: list[tuple[int | None, Target]]  # those, and every node of the current launch that answers
+    nodes: Nodes  # the nodes to launch (relaunch.deciding.gang.indexed)
+    stopping: Nodes  # those, and every node of the current launch that answers
     before_step: int | None  # resume only from a checkpoint before this step
     refuse: str | None  # never resume from this checkpoint
 
@@ -78,12 +78,10 @@ Runner = Callable[[StepRun], list[StepRecord]]
 
 
 def _launch(run: StepRun) -> list[StepRecord]:
-    if not run.target.nodes:
-        _, record = launch(run.target, run.attempt, before_step=run.before_step, refuse=run.refuse, run_id=run.run_id)
-        return [record]
-    # Every node resumes from the one checkpoint node 0's listing gives, and meets at a fresh rendezvous.
-    choice = choose_checkpoint(run.nodes[0][1], run.before_step, run.refuse)
-    launching = indexed(run.target, run_id=run.run_id, nodes=[k for k, _ in run.nodes if k is not None])
+    # A gang's nodes resume from the one checkpoint node 0's listing gives, and meet at a fresh rendezvous; a run of
+    # one chooses inside its launch task, so a retry of the launch chooses again with it.
+    launching = indexed(run.target, run_id=run.run_id, nodes=run.nodes.ranks)
+    choice = choose_checkpoint(launching.first, run.before_step, run.refuse) if launching.gang else None
     return each(launch, launching, run.attempt, run.before_step, run.refuse, run.run_id, choice)
 
 
@@ -128,9 +126,9 @@ def run_steps(
     run_id = new_run_id(attempt, stamp=stamp)
     nodes = indexed(target, nodes=members)
     running = [n.node for n in health.nodes if n.member and n.diagnosis is not None]
-    stopping = indexed(target, nodes=sorted(set(members or []) | set(running))) if target.nodes else nodes
-    if target.nodes:
-        run_id = gang_run_id(run_id, [k for k, _ in nodes if k is not None])
+    stopping = indexed(target, nodes=sorted(set(members or []) | set(running)))
+    if nodes.gang:
+        run_id = gang_run_id(run_id, nodes.ranks)
     before_step, refuse = resume_constraints(health.diagnosis)
     run = StepRun(target, health, attempt, stamp, run_id, nodes, stopping, before_step, refuse)
     steps: list[StepRecord] = []
@@ -142,18 +140,20 @@ def run_steps(
                 for _, node in nodes:
                     check_restorable(node)
             if Step.LAUNCH in planned:
-                check_resumable(nodes[0][1], before_step)
+                check_resumable(nodes.first, before_step)
         steps += RUNNERS[step](run)
     return steps, run_id if Step.LAUNCH in planned else None
 
 
 def _stacks(target: Target, health: HealthResult) -> list[StepRecord]:
-    """Every node's stacks, each from its own last snapshot (a node polled by none is skipped)."""
-    if not target.nodes:
-        return [capture_stacks(target, health.snapshot)]
+    """Every node's stacks, each from its own last snapshot (a node polled by none is skipped; a run of one's is the
+    check's snapshot)."""
     members = [n.node for n in health.nodes if n.member and n.node in health.node_snapshots]
-    futures = {k: capture_stacks.submit(node, health.node_snapshots[k]) for k, node in indexed(target, nodes=members)}
-    return [f.result().model_copy(update={"node": k}) for k, f in futures.items()]
+    nodes = indexed(target, nodes=members)
+    if not nodes.gang:
+        return [capture_stacks(nodes.first, health.snapshot)]
+    futures = {k: capture_stacks.submit(node, health.node_snapshots[k]) for k, node in nodes}
+    return [f.result().model_copy(update={"node": nodes.node_of(k)}) for k, f in futures.items()]
 
 
 @flow(name="recover-training", flow_run_name="recover-{target.name}", log_prints=True, persist_result=True)

@@ -44,8 +44,8 @@ def render(target: Target) -> str:
     from relaunch.deciding.gang import indexed
 
     nodes = indexed(target)
-    if nodes[0][0] is None:
-        return _render_one(target)
+    if not nodes.gang:
+        return _render_one(nodes.first)
     head = f"# {target.name}: {len(nodes)} nodes; each step runs on every node at once, the stop on all before any launch"
     return "\n\n".join([head, *(f"# ---- node {k}\n" + _render_one(node) for k, node in nodes)])
 

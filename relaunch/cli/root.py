@@ -243,8 +243,8 @@ def stop_target(target: Any, grace_seconds: float | None = None, deliberate: boo
         return run(transport_for(node.host), plan_stop(node, grace_seconds, deliberate=deliberate), check=False)
 
     nodes = indexed(target)
-    if nodes[0][0] is None:
-        return one(target)
+    if not nodes.gang:
+        return one(nodes.first)
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         results = list(pool.map(one, [node for _, node in nodes]))
     return Result(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
 
@@ -145,12 +147,44 @@ def node_targets(target: Target, run_id: str | None = None, nodes: list[int] | N
     return out
 
 
-def indexed(target: Target, run_id: str | None = None, nodes: list[int] | None = None) -> list[tuple[int | None, Target]]:
-    """node_targets with each node's rank in the target's `nodes` (None for a run of one node)."""
+@dataclass(frozen=True)
+class Nodes:
+    """The nodes a step runs on, each with its rank: a gang's (`gang`), or a run of one as its only node, rank 0.
+
+    One kind of thing, as torchelastic's worker group is for one worker: a flow runs a step on `Nodes` whatever their
+    number. What differs is said by `gang` alone: a gang's nodes run a step at once (one task run each, its record
+    naming its node), a run of one runs it in the flow's own thread and its records name no node."""
+
+    members: tuple[tuple[int, Target], ...]
+    gang: bool
+
+    def __iter__(self) -> Iterator[tuple[int, Target]]:
+        return iter(self.members)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    @property
+    def ranks(self) -> list[int]:
+        return [k for k, _ in self.members]
+
+    @property
+    def first(self) -> Target:
+        """The first node's target (node 0's, where it is a member): whose listing gives a gang's checkpoint."""
+        return self.members[0][1]
+
+    def node_of(self, k: int) -> int | None:
+        """What a step's record names as its node: the rank on a gang, none on a run of one."""
+        return k if self.gang else None
+
+
+def indexed(target: Target, run_id: str | None = None, nodes: list[int] | None = None) -> Nodes:
+    """node_targets with each node's rank in the target's `nodes`: all of them, or those listed. A run of one node is
+    rank 0, its own only node, whatever is listed."""
     if not target.nodes:
-        return [(None, target)]
+        return Nodes(members=((0, target),), gang=False)
     chosen = list(range(len(target.nodes))) if nodes is None else nodes
-    return list(zip(chosen, node_targets(target, run_id, chosen), strict=True))
+    return Nodes(members=tuple(zip(chosen, node_targets(target, run_id, chosen), strict=True)), gang=True)
 
 
 def rendezvous_env(target: Target, k: int, run_id: str, chosen: list[int]) -> dict[str, str]:
