@@ -131,6 +131,15 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(f"{SHAPES}::test_a_run_printing_21_300_tok_s_against_a_21500_baseline_is_healthy",),
     ),
     Mutant(
+        name="unit-is-a-key",
+        mechanism="throughput forms: `loss=2.31 tokens/s: 21300` reads 21300, not 2.31",
+        file="relaunch/judging/reading.py",
+        old='    if keyed is not None and keyed.groupdict().get("value2") is not None:\n        return keyed, True\n',
+        new="    if False:\n        return keyed, True\n",
+        what="a unit followed by `: N` read as the unit of the number before it",
+        tests=(f"{SHAPES}::test_a_throughput_among_other_metrics_reads_its_value_or_uncertain_never_another_fields_number",),
+    ),
+    Mutant(
         name="uncertain-figures",
         mechanism="throughput forms: an uncertain figure (`21.300`) never degrades",
         file="relaunch/judging/logtext.py",

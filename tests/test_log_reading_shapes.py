@@ -113,6 +113,37 @@ def test_a_printed_throughput_reads_its_true_value_or_uncertain_never_a_wrong_nu
     assert got is None or math.isclose(got, value, rel_tol=1e-9), (line, got, value)
 
 
+# Another metric's field, as trainers print them beside a throughput: `loss=2.31`, `lr 3e-4`, `grad_norm: 0.98`, `12`.
+OTHER_FIELDS = st.tuples(
+    st.sampled_from(["loss", "lr", "grad_norm", "step", "mfu", "acc", "", "epoch", "it/s"]),
+    st.sampled_from(["=", ": ", " ", ":"]),
+    st.sampled_from(["2.31", "3e-4", "0.98", "7", "41.2", "12", "0.5", "1.2e-05", "1,024"]),
+).map(lambda f: f"{f[0]}{f[1] if f[0] else ''}{f[2]}")
+
+
+@given(
+    certain_figures(),
+    st.lists(OTHER_FIELDS, max_size=3),
+    st.lists(OTHER_FIELDS, max_size=2),
+    st.sampled_from([" ", "  ", ", ", " | ", "\t", "; "]),
+)
+def test_a_throughput_among_other_metrics_reads_its_value_or_uncertain_never_another_fields_number(case, before, after, sep):
+    """`step=7 loss=2.31 tokens/s: 21300` once read 2.31 tok/s: the key-first figure taken as the unit of the number
+    before it, a healthy run called degraded three lines in a row and stopped. Whatever the fields around it and
+    however they are separated, the reading is the throughput's own value, or no certain reading at all."""
+    value, figure = case
+    line = sep.join([*before, figure, *after])
+    reading = read_log([f"step=7{sep}{line}"], T)
+    assert len(reading.throughput_lines) == 1, line
+    got = reading.throughput_lines[0]
+    assert got is None or math.isclose(got, value, rel_tol=1e-9), (line, got, value)
+
+
+def test_a_key_first_throughput_after_another_metric_reads_its_own_value():
+    for line in ("loss=2.31 tokens/s: 21300", "loss 2.31 tok/s=21300", "lr=3e-4 tok/s: 21,300", "grad_norm 0.98 tokens/s=21.3k"):
+        assert read_throughput_of(line) == 21300.0, line
+
+
 def test_a_number_whose_separator_may_be_a_decimal_mark_is_no_reading():
     for text in ("21.300", "21,3", "21.300,5", "2,13,000", "21.300.000", "2,130e4"):
         assert printed_number(text) is None, text
@@ -185,6 +216,17 @@ NOT_STEP_PHRASES = [
     "Sanity Checking DataLoader 0:  50%|█████     | {n}/{t} [00:00<00:00, 88.85it/s]",
     "Skipping the first batches:  45%|████▌     | {n}/{t} [00:02<00:03, 91.2it/s]",
     "Validation DataLoader 0 ━━━━━━━━━━━━╸━━━━━ {n}/{t} 0:00:01 • 0:00:01 4.41it/s",
+    "restarting at step {n}",
+    "Restarted from iteration {n}",
+    "Warm-starting at step {n}",
+    "warmstart from global_step {n}",
+    "fast-forwarding dataloader to step {n}",
+    "Fast forwarded data to iteration {n}",
+    "Rolling back to step {n}",
+    "rolled back to iteration {n} after a loss spike",
+    "Recovered state at step {n}",
+    "picked up at step {n}",
+    "rewinding to step {n}",
 ]
 
 

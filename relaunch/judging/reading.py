@@ -18,7 +18,7 @@ DEFAULT_THROUGHPUT = re.compile(
     # `21.3Ktok/s`, `21500 tok/s`, `21,300 tok/s`, `2.13e+04 tok/s`, `1.5M tokens/s`, `900 tok/sec`, `21300 tokens per
     # second`; or a key first: `tokens_per_sec: 2660`, `tok/s=21300`, `tok/s: 21,300`, `tokens/s (total): 21.3k`. The
     # number as printed, separators and all (logtext.NUMBER): logtext.printed_number says whether its value is certain.
-    rf"(?<![\w.,'\u2009\u202f\u00a0])(?P<value>{NUMBER})\s*(?P<unit>[kKmM])?\s*{_TOKENS_PER_SECOND}(?![\w])"
+    rf"(?<![\w.,'\u2009\u202f\u00a0])(?P<value>{NUMBER})\s*(?P<unit>[kKmM])?\s*(?P<utext>{_TOKENS_PER_SECOND})(?![\w])"
     rf"|(?<![A-Za-z]){_TOKENS_PER_SECOND}(?P<keyscope>(?:[ _/-](?:per[ _-]?)?(?:gpu|device|dev|rank))?)[)\]'\"]?\s*[=:]\s*(?P<value2>{NUMBER})(?P<unit2>[kKmM](?![A-Za-z]))?(?![\w.])",
     re.IGNORECASE,
 )
@@ -146,13 +146,14 @@ def read_throughput(line: str, pattern: re.Pattern[str]) -> ThroughputReading | 
     a reading of value None: the figure chosen is not certain (`21.300 tok/s`, `21,3 tok/s`), or the line's only
     figures are targets or peaks (`target 21500 tok/s`)."""
     best: tuple[int, float | None] | None = None  # (rank: 0 total, 1 unscoped, 2 per device, 3 no reading; value)
-    for m in pattern.finditer(line):
+    for found in pattern.finditer(line):
+        m, certain = _whose_figure(line, found, pattern)
         groups = m.groupdict()
         text = groups.get("value") or groups.get("value2")
         if text is None:
             continue
         unit = groups.get("unit") or groups.get("unit2") or ""
-        value = printed_number(text, unit)
+        value = printed_number(text, unit) if certain else None
         lead = line[max(0, m.start() - 40) : m.start()]
         if value is not None and re.fullmatch(r"\d{3}(?:\.\d+)?", text.split("e")[0].split("E")[0]) and lead.endswith(" "):
             if re.search(r"(?:^|\s)\d{1,3} $", lead):  # `21 300 tok/s`: a plain space between digit groups, or two figures?
@@ -172,6 +173,26 @@ def read_throughput(line: str, pattern: re.Pattern[str]) -> ThroughputReading | 
     if best is None:
         return None
     return ThroughputReading(None if best[0] == 3 else best[1])
+
+
+# A bare number right after a throughput unit (`7 tok/s 21300`): the unit may be the key of the figure after it.
+_BARE_NUMBER_AFTER = re.compile(r"\s+[-+]?\.?\d")
+
+
+def _whose_figure(line: str, m: re.Match[str], pattern: re.Pattern[str]) -> tuple[re.Match[str], bool]:
+    """Which figure a value-first match's unit belongs to, and whether that is certain.
+
+    A unit followed by `=` or `:` and a number is that number's key (`loss=2.31 tokens/s: 21300` is 21300, not 2.31
+    tok/s: read as the number before it, a healthy run was called degraded). A unit between two bare numbers, the first
+    spaced from it and without a k/M suffix (`step 7 tok/s 21300`), may be either's: no certain reading. Only for a
+    pattern that names its unit text (`utext`, as DEFAULT_THROUGHPUT does); a pattern of the user's says what it means."""
+    if m.groupdict().get("value") is None or "utext" not in pattern.groupindex:
+        return m, True
+    keyed = pattern.match(line, m.start("utext"))
+    if keyed is not None and keyed.groupdict().get("value2") is not None:
+        return keyed, True
+    spaced = m.start("utext") > m.end("value") and not m.group("unit")
+    return m, not (spaced and _BARE_NUMBER_AFTER.match(line, m.end()))
 
 
 def slow_throughput(reading: Reading, threshold: float) -> list[float] | None:

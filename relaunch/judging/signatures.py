@@ -215,7 +215,8 @@ DEFAULT_LOSS = re.compile(
 # A step mention that reports no training step: it is governed, in its own clause, by a resume, load, save or eval verb
 # or noun (`resuming from /ckpt/step_100.pt at step 100`, `loaded checkpoint at step=100`, `saved checkpoint step_200 at
 # step 200`, HF's `Continuing training from global step 500`, torchtitan's `Loading the checkpoint at step 100`,
-# `Restored from global step 100`, `Evaluating at step 500`, `skipping first 500 batches`), or it lies inside a path
+# `Restored from global step 100`, `Evaluating at step 500`, `skipping first 500 batches`, a restart, warm start,
+# fast-forward, rewind, roll-back or recovery `to step 600`), or it lies inside a path
 # (Lightning's `Restored all states from the checkpoint at /ckpt/epoch=1-step=80.ckpt`). The default step pattern
 # (`step[=: ]N`) matches them all; counted as steps they ended the start-up grace of a run that then compiled for
 # minutes after its resume, and it was called stalled and killed. The rule is relaunch.judging.logtext.training_step_mention:
@@ -229,7 +230,9 @@ NOT_A_TRAINING_STEP = re.compile(
     r"|writ(?:e|es|ing|ten)|wrote|checkpoint(?:s|ed|ing)?|ckpts?|snapshot(?:s|ted|ting)?"
     r"|eval(?:s|uat(?:e|ed|es|ing|ion))?|validat(?:e|ed|es|ing|ion)|val|test(?:ing)?|predict(?:s|ed|ing|ion)?|sanity"
     r"|skip(?:s|ped|ping)?|continu(?:e|es|ed|ing)|export(?:s|ed|ing)?|upload(?:s|ed|ing)?"
-    r"|start(?:s|ed|ing)?\s+(?:at|from)|from\s+(?:global[ _])?(?:step|iter(?:ation)?)"
+    r"|(?:re)?start(?:s|ed|ing)?\s+(?:at|from)|from\s+(?:global[ _])?(?:step|iter(?:ation)?)"
+    r"|restart(?:s|ed|ing)?|warm[\s_-]?start(?:s|ed|ing)?|fast[\s_-]?forward(?:s|ed|ing)?|rewind(?:s|ing)?|rewound"
+    r"|roll(?:s|ed|ing)?\s+back|rollback|recover(?:s|ed|ing|y)?|pick(?:s|ed|ing)?\s+up"
     r")(?![\w/.-]|\s*=|\s*:\s*[-+]?\.?\d)",
     re.IGNORECASE,
 )
