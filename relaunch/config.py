@@ -139,6 +139,11 @@ class Thresholds(_Model):
     baseline_tokens_per_second: float | None = Field(
         None, gt=0, description="Known-good throughput; below degraded_ratio of it is degraded (incident: 21500)."
     )
+    baseline_scope: Literal["job", "gpu"] = Field(
+        "job",
+        description="What baseline_tokens_per_second counts: the whole job's tokens per second (job) or one GPU's (gpu). "
+        "A figure the log marks as the other scope (`2690 tok/s/gpu` against a job's baseline) never makes a run degraded.",
+    )
     degraded_ratio: float = Field(
         0.5, gt=0, lt=1, description="Fraction of the baseline under which a run is degraded (incident: 4.3/21.5 = 0.2)."
     )

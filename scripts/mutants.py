@@ -140,6 +140,15 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(f"{SHAPES}::test_a_throughput_among_other_metrics_reads_its_value_or_uncertain_never_another_fields_number",),
     ),
     Mutant(
+        name="baseline-scope",
+        mechanism="throughput forms: one GPU's figure is no reading against the job's baseline",
+        file="relaunch/judging/reading.py",
+        old="tput.value if tput.scope in (None, thresholds.baseline_scope) else None",
+        new="tput.value",
+        what="a per-GPU figure compared with the job's baseline",
+        tests=(f"{SHAPES}::test_a_healthy_run_printing_one_gpus_figure_is_never_degraded_against_the_whole_jobs_baseline",),
+    ),
+    Mutant(
         name="uncertain-figures",
         mechanism="throughput forms: an uncertain figure (`21.300`) never degrades",
         file="relaunch/judging/logtext.py",

@@ -279,6 +279,36 @@ def test_a_run_printing_21_300_tok_s_against_a_21500_baseline_is_healthy():
         assert (d.verdict, d.metrics.tokens_per_second) == (Verdict.HEALTHY, 21300.0), (figure, d)
 
 
+PER_GPU_FORMS = ["{v} tok/s/gpu", "tokens/s per GPU: {v}", "per_gpu_tok/s={v}", "{v} tokens/sec/device", "tok/s/rank: {v}"]
+TOTAL_FORMS = ["{v} tok/s total", "total tok/s: {v}", "global throughput {v} tokens/s", "{v} tok/s (all GPUs)"]
+
+
+@given(st.sampled_from(PER_GPU_FORMS), st.integers(2, 16), st.integers(1000, 5000))
+def test_a_healthy_run_printing_one_gpus_figure_is_never_degraded_against_the_whole_jobs_baseline(form, gpus, per_gpu):
+    """The README's baseline is the job's (21500 tok/s on 8 GPUs); a trainer printing only one GPU's figure (2690
+    tok/s/gpu) is at full speed, not at 12 % of it. A figure of the other scope is no reading for the degraded rule."""
+    baseline = T.model_copy(update={"baseline_tokens_per_second": float(gpus * per_gpu)})
+    log = [f"step={s} loss=2.{s} | {form.format(v=per_gpu)}" for s in range(1, 8)]
+    d = diagnose(alive(log, 600, 1), baseline)
+    assert d.verdict is Verdict.HEALTHY, (log[-1], d)
+
+
+@given(st.sampled_from(TOTAL_FORMS), st.integers(2, 16), st.integers(1000, 5000))
+def test_a_job_total_is_never_read_against_a_baseline_of_one_gpu(form, gpus, per_gpu):
+    baseline = T.model_copy(update={"baseline_tokens_per_second": float(per_gpu), "baseline_scope": "gpu"})
+    slow_total = per_gpu * gpus // 4  # a quarter of the job's speed, yet more than one GPU's baseline
+    log = [f"step={s} loss=2.{s} | {form.format(v=slow_total)}" for s in range(1, 8)]
+    assert diagnose(alive(log, 600, 1), baseline).verdict is Verdict.HEALTHY
+
+
+def test_a_slow_figure_of_the_baselines_own_scope_is_still_degraded():
+    per_gpu = T.model_copy(update={"baseline_tokens_per_second": 2690.0, "baseline_scope": "gpu"})
+    log = [f"step={s} loss=2.{s} | 540 tok/s/gpu" for s in range(1, 8)]
+    assert diagnose(alive(log, 600, 1), per_gpu).verdict is Verdict.DEGRADED
+    log = [f"step={s} loss=2.{s} | 4,300 tok/s total" for s in range(1, 8)]
+    assert diagnose(alive(log, 600, 1), BASELINE).verdict is Verdict.DEGRADED
+
+
 def test_uncertain_throughput_figures_never_make_a_run_degraded():
     log = [f"step={s} loss=2.{s} | 21.300 tok/s" for s in range(1, 6)]  # 21.3 or 21300: not read
     d = diagnose(alive(log, 600, 1), BASELINE)

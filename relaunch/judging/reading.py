@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from relaunch.config import Thresholds
 from relaunch.judging.logtext import NUMBER, printed_number, training_step_mention
@@ -69,7 +70,8 @@ DEFAULT_STEP_PATTERN = Thresholds.model_fields["step_pattern"].default
 class Reading:
     steps: list[int] = field(default_factory=list)
     throughputs: list[float] = field(default_factory=list)  # the certain readings
-    # One per step line that prints a throughput figure: its value, or None where the figure is not certain.
+    # One per step line that prints a throughput figure: its value, or None where the figure is not certain or is of
+    # another scope than the baseline's (Thresholds.baseline_scope).
     throughput_lines: list[float | None] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)  # one per step line; None where none is printed
 
@@ -80,6 +82,7 @@ def read_log(lines: list[str], thresholds: Thresholds) -> Reading:
     loss_re = re.compile(thresholds.loss_pattern, re.IGNORECASE) if thresholds.loss_pattern else DEFAULT_LOSS
     steps: list[int] = []
     tputs: list[float | None] = []
+    comparable: list[float | None] = []
     losses: list[float | None] = []
     for line in lines:
         found = step_of(line)
@@ -94,7 +97,10 @@ def read_log(lines: list[str], thresholds: Thresholds) -> Reading:
         tput = read_throughput(line, tput_re)
         if tput is not None:
             tputs.append(tput.value)
-    return Reading(steps=steps, throughputs=[v for v in tputs if v is not None], throughput_lines=tputs, losses=losses)
+            # A figure the log marks as the other scope than the baseline's is no reading against it (one GPU's 2690
+            # tok/s is not 12 % of a job's 21500).
+            comparable.append(tput.value if tput.scope in (None, thresholds.baseline_scope) else None)
+    return Reading(steps=steps, throughputs=[v for v in tputs if v is not None], throughput_lines=comparable, losses=losses)
 
 
 def step_reader(thresholds: Thresholds) -> Callable[[str], tuple[int, bool] | None]:
@@ -131,6 +137,7 @@ class ThroughputReading:
     """A line's throughput figure: its value in tokens per second, or None where the figure is not certain."""
 
     value: float | None
+    scope: Literal["job", "gpu"] | None = None  # whose figure the line says it is; None where it does not say
 
 
 def throughput(line: str, pattern: re.Pattern[str]) -> float | None:
@@ -172,7 +179,7 @@ def read_throughput(line: str, pattern: re.Pattern[str]) -> ThroughputReading | 
             best = (rank, value)
     if best is None:
         return None
-    return ThroughputReading(None if best[0] == 3 else best[1])
+    return ThroughputReading(None if best[0] == 3 else best[1], {0: "job", 2: "gpu"}.get(best[0]))
 
 
 # A bare number right after a throughput unit (`7 tok/s 21300`): the unit may be the key of the figure after it.
