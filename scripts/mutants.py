@@ -59,6 +59,7 @@ GEN = "tests/test_generated_histories.py"
 EVIDENCE = "tests/test_judging_evidence.py"
 SHAPES = "tests/test_log_reading_shapes.py"
 CONTENT = "tests/test_checkpoint_content.py"
+CHOICE = "tests/test_checkpoint_choice.py"
 GAPS = "tests/test_never_harm_gaps.py"
 ROOTS = "tests/test_root_cause_rules.py"
 
@@ -185,6 +186,24 @@ MUTANTS: tuple[Mutant, ...] = (
         new="    if False:\n",
         what="header's data end not compared with size",
         tests=(f"{CONTENT}::test_a_safetensors_file_whose_header_does_not_parse_or_describes_less_is_never_taken",),
+    ),
+    Mutant(
+        name="one-series",
+        mechanism="checkpoints: step numbers compare only within the run's own series",
+        file="relaunch/deciding/checkpoints.py",
+        old="    if len(set(keys.values())) < 2:\n",
+        new="    if True:\n",
+        what="the highest number of any name wins (`resnet50.pt` over `step_20.pt`)",
+        tests=(f"{CHOICE}::test_a_file_of_another_series_is_never_resumed_from_over_the_runs_own_newest_saves",),
+    ),
+    Mutant(
+        name="rank-is-no-step",
+        mechanism="checkpoints: a rank's or shard's number is no step",
+        file="relaunch/deciding/checkpoints.py",
+        old='    if re.search(r"\\d", series) and RANK_WORD.search(series):\n',
+        new="    if False:\n",
+        what="`step_600_rank1.pt` read as step 1",
+        tests=(f"{CHOICE}::test_a_checkpoint_saved_as_one_file_per_rank_is_never_resumed_from_by_one_ranks_file",),
     ),
     Mutant(
         name="symlinked-checkpoint-dir",

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from relaunch import runlayout
 from relaunch.config import Target
@@ -122,6 +124,63 @@ def test_a_folders_newest_write_inside_it_counts_not_its_own_mtime():
     grown = [Entry(name="step_10", kind="d", mtime=100.0), Entry(name="step_20", kind="d", mtime=150.0, newest=230.0)]
     killed = RunFacts(started_at=50.0, stop_term_at=200.0, stop_killed_at=260.0, exit_code=137, exit_at=260.1)
     assert choose(grown, run=killed).name == "step_10"
+
+
+# The names a run gives its saves ({s} its step, {e} an epoch that grows with it), and files of no run's series that
+# people keep beside them: a base model, a converted or downloaded checkpoint, a seed's file.
+RUN_SERIES = [
+    "step_{s}.pt",
+    "ckpt_{s:06d}.pt",
+    "iter_{s:07d}",
+    "global_step{s}",
+    "checkpoint-{s}",
+    "epoch={e}-step={s}.ckpt",
+    "e{e}_s{s}.pt",
+]
+FOREIGN = ["resnet{n}.pt", "llama3-8b-{n}.pt", "gpt2-{n}.bin", "seed{n}.pt", "bert_base_{n}.safetensors", "init_{n}.pt", "pretrained-{n}"]
+
+
+@given(
+    st.sampled_from(RUN_SERIES),
+    st.lists(st.integers(1, 10**5), min_size=1, max_size=4, unique=True).map(sorted),
+    st.sampled_from(FOREIGN),
+    st.integers(1, 10**7),
+    st.floats(1, 900),
+)
+def test_a_file_of_another_series_is_never_resumed_from_over_the_runs_own_newest_saves(series, steps, foreign, n, older_by):
+    """`resnet50.pt` (a base model kept in checkpoint_dir) beside the run's step_10.pt and step_20.pt was resumed from:
+    the highest number of any name won. Numbers compare only within one series (other numbers in a name, as
+    Lightning's epoch, are the series' own); the series is the run's newest save's."""
+    saves = [Entry(name=series.format(s=s, e=i), kind="d" if "." not in series else "f", mtime=2000.0 + i) for i, s in enumerate(steps)]
+    other = Entry(name=foreign.format(n=n), kind="f" if "." in foreign else "d", mtime=2000.0 - older_by)
+    choice = choose([other, *saves])
+    assert (choice.name, choice.step) == (saves[-1].name, steps[-1]), choice
+    assert any(other.name in said for said in choice.skipped), choice
+
+
+@given(
+    st.sampled_from(
+        ["step_{s}_rank{r}.pt", "ckpt-{s}.rank{r}.pt", "iter_{s:07d}_mp_rank_{r:02d}.pt", "step{s}-shard{r}.pt", "step_{s}_of{r}"]
+    ),
+    st.integers(2, 8),
+    st.lists(st.integers(1, 10**5), min_size=1, max_size=3, unique=True).map(sorted),
+    st.data(),
+)
+def test_a_checkpoint_saved_as_one_file_per_rank_is_never_resumed_from_by_one_ranks_file(form, ranks, steps, data):
+    """`step_600_rank1.pt` read as step 1 of a series `step_600_rank`: one rank's shard passed to every rank, or the
+    one whole shard of a save whose other rank was cut. A rank's or shard's number is no step."""
+    entries = [
+        Entry(name=form.format(s=s, r=r), kind="f", mtime=2000.0 + i, empty=(i == len(steps) - 1 and r == cut))
+        for i, s in enumerate(steps)
+        for cut in [data.draw(st.integers(-1, ranks - 1))]
+        for r in range(ranks)
+    ]
+    for mode in ("entry", "folder"):
+        choice = choose(entries, resume_from=mode)
+        chosen = [e for e in entries if e.name == choice.name]
+        assert not chosen or mode == "folder", (mode, choice)
+        of_step = {form.format(s=choice.step, r=r) for r in range(ranks)} if choice.step is not None else set()
+        assert not any(e.empty for e in entries if e.name in of_step), choice
 
 
 def test_a_folder_of_names_relaunch_cannot_use_escalates_and_one_of_only_unfinished_saves_starts_from_scratch():

@@ -41,7 +41,10 @@ EXTENSIONS = re.compile(r"\.(pt|pth|ckpt|bin|safetensors|tar|pkl|pickle|distcp|z
 # `checkpoint-900`, `global_step900`, `epoch_3_step_900.pt`, orbax's bare `900`. `step_999 (copy)` is somebody's copy.
 NAME = re.compile(r"^(?P<series>(?:[A-Za-z][A-Za-z0-9_.=-]*?)?)(?P<number>\d+)$")
 # One part of a checkpoint saved as a file per part: `step_1000_model.pt` beside `step_1000_optim.pt`.
-PART = re.compile(r"^(?P<series>(?:[A-Za-z][A-Za-z0-9_.=-]*?)?)(?P<number>\d+)[_.-](?P<part>[A-Za-z][A-Za-z0-9]*)$")
+# A rank's shard is a part too: `step_600_rank1.pt`, `iter_0000600_mp_rank_00.pt`, `ckpt-600.rank1.pt`.
+PART = re.compile(r"^(?P<series>(?:[A-Za-z][A-Za-z0-9_.=-]*?)?)(?P<number>\d+)[_.-](?P<part>[A-Za-z][A-Za-z0-9_]*)$")
+# A number after a rank or shard word numbers the rank or shard, not the step (`step_600_rank1`, `model-00001-of-00004`).
+RANK_WORD = re.compile(r"(?:rank|shard|part|of|tp|pp|dp|ep|mp|worker|proc|process|device|gpu|node|replica)[_.-]?$", re.IGNORECASE)
 # Written while saving, renamed when complete (HF `tmp-checkpoint-900`, `step_600.tmp`, `.partial`).
 UNFINISHED = re.compile(r"(^|[._-])(tmp|temp|partial|incomplete|inprogress|in_progress|writing)([._-]|\d|$)", re.IGNORECASE)
 
@@ -324,6 +327,8 @@ def not_a_step(name: str) -> str | None:
     series, number = m["series"], m["number"]
     if STEP_WORD.search(series):
         return None
+    if re.search(r"\d", series) and RANK_WORD.search(series):
+        return "its number is a rank's or a shard's, not a step"
     if date := _is_date(number):
         return f"its number is a date ({date}), not a step"
     if re.search(r"(^|[^0-9])(19|20)\d\d[-_.]?(0[1-9]|1[0-2])[-_.]?$", series) or re.search(r"(19|20)\d{6}[-_.T]?$", series):
@@ -558,6 +563,7 @@ def choose(
         suspects = {name: _by_time(why, content.get(name)) for name, why in suspects.items() if _unknown(content.get(name))}
 
     candidates: list[tuple[int, float, str]] = []
+    written_of: dict[str, tuple[float, str]] = {}  # a candidate's newest write and its series
     lasts: list[Entry] = []
     skipped: list[tuple[str, str]] = []
     loader_pick: tuple[int, str] | None = None  # what a loader reading the folder itself would take
@@ -594,9 +600,10 @@ def choose(
             lasts.append(entry)
             continue
         candidates.append((step or 0, entry.mtime, entry.name))
+        written_of[entry.name] = (entry.written, series_of(entry.name) or "")
 
     parts_of: dict[str, list[str]] = {}
-    for (_, step), members in sorted(groups.items()):
+    for (series, step), members in sorted(groups.items()):
         files = [m.name for m in sorted(members, key=lambda m: m.name)]
         listed = _listed(members)
         reason = next((r for m in members if (r := skip_reason(m)) in HARMLESS), None)
@@ -620,6 +627,7 @@ def choose(
             skipped.append((listed, reason))
             continue
         candidates.append((step, max(m.mtime for m in members), files[0]))
+        written_of[files[0]] = (max(m.written for m in members), series)
         parts_of[files[0]] = files
 
     if lasts:
@@ -640,6 +648,7 @@ def choose(
                 _as_folder(choice, loader_pick[1] if loader_pick else None, tracker, dict(skipped)) if resume_from == "folder" else choice
             )
 
+    candidates = _own_series(candidates, written_of, skipped)
     said = [f"{name!r}: {reason}" for name, reason in skipped]
     if not candidates:
         if any(not reason.startswith(HARMLESS) for _, reason in skipped):
@@ -671,6 +680,33 @@ def choose(
     if resume_from == "folder":
         return _as_folder(choice, tracked.name if tracked else (loader_pick[1] if loader_pick else None), tracker, dict(skipped))
     return choice
+
+
+def _series_key(series: str) -> str:
+    """A series with its other numbers as `#`: Lightning's `epoch=3-step=` and `epoch=4-step=` are one series."""
+    return re.sub(r"\d+", "#", series)
+
+
+def _own_series(
+    candidates: list[tuple[int, float, str]], written_of: dict[str, tuple[float, str]], skipped: list[tuple[str, str]]
+) -> list[tuple[int, float, str]]:
+    """The candidates of the run's own series, the one its newest save is of: step numbers compare only within a
+    series (`resnet50.pt`, a base model kept in checkpoint_dir, is not step 50 of the run writing `step_20.pt`). The
+    others are said in `skipped`."""
+    keys = {name: _series_key(written_of[name][1]) for _, _, name in candidates}
+    if len(set(keys.values())) < 2:
+        return candidates
+    newest = max(candidates, key=lambda c: (written_of[c[2]][0], c[0], c[2]))[2]
+    own = keys[newest]
+    for _, _, name in candidates:
+        if keys[name] != own:
+            skipped.append(
+                (
+                    name,
+                    f"of another series than the newest save's ({written_of[newest][1] or 'a bare number'}): its number is no step of the run's",
+                )
+            )
+    return [c for c in candidates if keys[c[2]] == own]
 
 
 def _unknown(c: Content | None) -> bool:
