@@ -233,6 +233,28 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/test_two_trainers.py::test_a_trainer_started_by_hand_outside_tmux_is_unmanaged_and_no_second_one_is_launched",),
     ),
     Mutant(
+        name="wrapper-program",
+        mechanism="never two trainers: the programs a wrapper script runs are the target's program too",
+        file="relaunch/host/lib.sh",
+        old="  [[ $program == *.sh ]] || return 0\n",
+        new="  return 0\n",
+        what="only the launch command's own program is looked for",
+        tests=(
+            "tests/test_two_trainers.py::test_a_trainer_started_by_hand_in_any_folder_or_without_its_wrapper_script_is_found_and_none_launched_beside",
+        ),
+    ),
+    Mutant(
+        name="program-by-path",
+        mechanism="never two trainers: a program named by a path in repo_dir counts from any folder",
+        file="relaunch/host/lib.sh",
+        old='    grep -lsaF -e "$r/" -e "$repo/" /proc/[0-9]*/cmdline 2> /dev/null | cut -d/ -f3\n',
+        new="    true\n",
+        what="only processes working in repo_dir are looked at",
+        tests=(
+            "tests/test_two_trainers.py::test_a_trainer_started_by_hand_in_any_folder_or_without_its_wrapper_script_is_found_and_none_launched_beside",
+        ),
+    ),
+    Mutant(
         name="marked-trainer",
         mechanism="never two trainers: launch refuses beside a process carrying the target's marker",
         file="relaunch/host/launch.sh",

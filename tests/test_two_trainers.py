@@ -35,10 +35,10 @@ def by_hand():
     """Trainers a person started outside tmux; killed at the end by PID (their process groups)."""
     started: list[subprocess.Popen] = []
 
-    def start(repo: str, log: Path) -> subprocess.Popen:
+    def start(repo: str, log: Path, script: str = "stepper.sh", cwd: str | None = None) -> subprocess.Popen:
         # `nohup bash stepper.sh > log 2>&1 &` from the repo, in a session of its own: no tmux, no marker.
         out = log.open("ab")
-        proc = subprocess.Popen(["nohup", "bash", "stepper.sh"], cwd=repo, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(["nohup", "bash", script], cwd=cwd or repo, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         started.append(proc)
         wait_for(lambda: log.exists() and b"step=" in log.read_bytes(), 20, "the hand-started trainer to step")
         return proc
@@ -78,6 +78,28 @@ def test_a_trainer_started_by_hand_outside_tmux_is_unmanaged_and_no_second_one_i
     assert "stepper.sh" in str(refusal)
     assert alive(proc.pid)
     assert not (Path(t.state_path) / "current").exists() or not list(Path(t.state_path).glob("runs/*/pid")), "a second trainer started"
+
+
+@pytest.mark.parametrize("shape", ["absolute path from another folder", "the wrapper's program without the wrapper"])
+def test_a_trainer_started_by_hand_in_any_folder_or_without_its_wrapper_script_is_found_and_none_launched_beside(
+    made, tmp_path, by_hand, shape
+):
+    """`cd / && nohup bash /root/repo/stepper.sh &` (its folder is not the repo), and `nohup bash stepper.sh &` where the
+    target launches `bash start.sh`, a wrapper that runs it (a person restarting the run skips the wrapper): either is
+    the target's trainer, found by its program, reported unmanaged, and no second trainer starts beside it."""
+    if shape == "absolute path from another folder":
+        t = made()
+        proc = by_hand(t.repo_dir, tmp_path / "nohup.out", script=str(Path(t.repo_dir) / "stepper.sh"), cwd="/")
+    else:
+        t = made(launch_command="bash start.sh")
+        (Path(t.repo_dir) / "start.sh").write_text('#!/bin/bash\n# the run\'s wrapper\nset -e\nexec bash stepper.sh "$@"\n')
+        proc = by_hand(t.repo_dir, tmp_path / "nohup.out")
+    health = check_health.fn(t)
+    assert health.diagnosis.verdict is Verdict.UNMANAGED, (health.diagnosis.summary, health.diagnosis.evidence)
+    assert any(str(proc.pid) in line for line in health.diagnosis.evidence), health.diagnosis.evidence
+    refusal = refused_launch(t)
+    assert refusal.exit_code == 21 and f"PID {proc.pid}" in str(refusal), refusal
+    assert alive(proc.pid)
 
 
 def test_a_target_renamed_between_nights_finds_the_trainer_of_its_old_name(made, tmp_path):

@@ -84,8 +84,9 @@ fi
 if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
 # A trainer started by hand (`nohup python train.py > log &`, outside tmux, or under the target's old name) has no
 # marker: it runs the launch command's program with its working folder in the repo.
-program=$(program_of "$3")
-mapfile -t running < <(pids_running_program_in "$1" "$program" | others)
+mapfile -t programs < <(programs_of "$3" "$1")
+program=${programs[*]}
+mapfile -t running < <(pids_running_program_in "$1" "${programs[@]}" | others)
 if [ ${#running[@]} -gt 0 ]; then
   echo "live processes run $program in $1, as this target's trainer does: a trainer of this target started by hand (outside tmux, or under another name) runs; refusing to start a second one:"
   describe_pids "${running[@]}"

@@ -98,24 +98,66 @@ program_of() {
   done
   return 0
 }
-# Every live process whose working folder is REPO (or under it) and that runs PROGRAM (an argument naming it): a
-# trainer started by hand, outside tmux, under another target name, carries no marker but this. Only processes that
-# run programs (an interpreter, a shell, a launcher): `vim train.py` in the repo is no trainer. One find for all cwds.
+# programs_of COMMAND REPO: the launch command's program, and where it is a shell script (`bash start_training.sh`,
+# read as REPO sees it), the programs its lines run (`python train.py`, `torchrun -m pkg.train`): a trainer
+# restarted by hand runs the script's program without the script. One per line, one level deep.
+programs_of() {
+  local command=$1 repo=${2%/} program script line word
+  local -a parts=()
+  program=$(program_of "$command")
+  [ -n "$program" ] || return 0
+  printf '%s\n' "$program"
+  [[ $program == *.sh ]] || return 0
+  read -ra parts <<< "$command"
+  for word in "${parts[@]}"; do
+    [[ $word == *.sh ]] || continue
+    script=$word
+    [[ $script == /* ]] || script=$repo/$script
+    [ -f "$script" ] && [ -r "$script" ] || return 0
+    while IFS= read -r line || [ -n "$line" ]; do
+      line=${line%%#*}
+      [[ $line == *.py* || $line == *.sh* || $line == *" -m "* ]] || continue
+      program_of "$line"
+    done < "$script" | sort -u
+    return 0
+  done
+}
+# Every live process that runs one of PROGRAMS (an argument naming it) with its working folder in REPO (or under
+# it), or naming it by a path under REPO from any folder (`cd / && nohup python /root/dflash/train.py &`): a trainer
+# started by hand, outside tmux, under another target name, carries no marker but this. Only processes that run
+# programs (an interpreter, a shell, a launcher): `vim train.py` in the repo is no trainer.
 pids_running_program_in() {
-  local repo=${1%/} program=$2 r f p comm x
-  local -a a=()
-  [ -n "$repo" ] && [ -n "$program" ] || return 0
+  local repo=${1%/} r p f comm x program
+  shift
+  local -a a=() programs=("$@")
+  local -A in_repo=() seen=()
+  [ -n "$repo" ] && [ ${#programs[@]} -gt 0 ] && [ -n "${programs[0]}" ] || return 0
   r=$(readlink -f -- "$repo" 2> /dev/null) || r=$repo
-  while IFS= read -r f; do
-    p=${f#/proc/} p=${p%/cwd}
+  # Two looks over the whole table, one process each (a bash loop over every PID costs seconds on a host of thousands):
+  # the processes working in the repo, and those whose arguments name a path in it.
+  while IFS= read -r f; do p=${f#/proc/} p=${p%/cwd}; in_repo[$p]=1; done \
+    < <(find /proc/[0-9]*/cwd -maxdepth 0 \( -lname "$(glob_quote "$r")" -o -lname "$(glob_quote "$r")/*" \) 2> /dev/null)
+  while IFS= read -r p; do
+    { [ -n "${seen[$p]-}" ] || [ -z "$p" ]; } && continue
+    seen[$p]=1
     { read -r comm < "/proc/$p/comm"; } 2> /dev/null || continue
     case $comm in python* | torchrun | pt_* | bash | sh | dash | zsh | deepspeed | accelerate | uv | mpirun | srun | composer) ;; *) continue ;; esac
     a=()
     { mapfile -d '' a < "/proc/$p/cmdline"; } 2> /dev/null
     for x in "${a[@]:1}"; do
-      if [ "$x" = "$program" ] || [[ $x == */"$program" ]]; then printf '%s\n' "$p"; break; fi
+      for program in "${programs[@]}"; do
+        [ -n "$program" ] || continue
+        if { [ -n "${in_repo[$p]-}" ] && { [ "$x" = "$program" ] || [[ $x == */"$program" ]]; }; } \
+          || [[ $x == "$r/$program" || $x == "$r"/*/"$program" || $x == "$repo/$program" || $x == "$repo"/*/"$program" ]]; then
+          printf '%s\n' "$p"
+          continue 3
+        fi
+      done
     done
-  done < <(find /proc/[0-9]*/cwd -maxdepth 0 \( -lname "$(glob_quote "$r")" -o -lname "$(glob_quote "$r")/*" \) 2> /dev/null)
+  done < <(
+    printf '%s\n' "${!in_repo[@]}"
+    grep -lsaF -e "$r/" -e "$repo/" /proc/[0-9]*/cmdline 2> /dev/null | cut -d/ -f3
+  )
   return 0
 }
 # "  PID N: COMMAND LINE" for each live PID given: what a refusal names, so that a person can tell what it is.

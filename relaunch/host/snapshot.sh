@@ -285,7 +285,7 @@ if ! alive "$pid" "$pstart"; then
   while read -r p; do [ -z "${own[$p]-}" ] && [ "$p" != "$$" ] && strays+=("$p marker"); done < <(target_marked_pids "$state" "$state")
   while read -r p; do
     [ -z "${own[$p]-}" ] && [ "$p" != "$$" ] && [[ " ${strays[*]} " != *" $p marker "* ]] && strays+=("$p program")
-  done < <(pids_running_program_in "$repo" "$(program_of "$command")")
+  done < <(mapfile -t programs < <(programs_of "$command" "$repo"); pids_running_program_in "$repo" "${programs[@]}")
   if [ ${#strays[@]} -gt 0 ]; then
     echo "$M strays"
     for line in "${strays[@]:0:16}"; do cmdline_into c "${line%% *}"; echo "$line ${c:0:300}"; done
