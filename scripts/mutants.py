@@ -255,6 +255,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        name="dead-pane-holds-nothing",
+        mechanism="unknown never stops, a dead run is recovered: a pane whose program ended is no foreign run",
+        file="relaunch/host/panes.sh",
+        old='    [ "$dead" = 1 ] && continue\n    dying "${line%% *}" && continue\n',
+        new="",
+        what="a dead pane (remain-on-exit) read as a program that is no trainer",
+        tests=("tests/test_snapshot_moment.py::test_a_dead_pane_tmux_keeps_is_no_foreign_run_and_the_next_launch_closes_it",),
+    ),
+    Mutant(
         name="marked-trainer",
         mechanism="never two trainers: launch refuses beside a process carrying the target's marker",
         file="relaunch/host/launch.sh",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -56,5 +57,30 @@ def test_a_trainer_that_dies_while_the_check_reads_is_never_read_as_a_death_with
         assert d.cause is not Cause.SILENT_EXIT, d
         after = diagnose(collect_snapshot(target, wait_seconds=0), target.thresholds)
         assert (after.verdict, after.cause) == (Verdict.CRASHED, Cause.KILLED) and "137" in " ".join(after.evidence), after
+    finally:
+        stop_all(target)
+
+
+def test_a_dead_pane_tmux_keeps_is_no_foreign_run_and_the_next_launch_closes_it(tmp_path):
+    """A pane whose program has ended but that tmux still lists (`remain-on-exit on` in a person's tmux.conf; for a
+    moment on a loaded host, until tmux reaps it) holds nothing. Read as a foreign program, it made the dead run
+    `unmanaged (not_a_trainer)`, never recovered, and the launch refused beside the session (exit 11)."""
+    target = shell_target(tmp_path / "t", env={"EXIT_AT": "15", "EXIT_CODE": "3"})
+    launch.fn(target, 1)
+    try:
+        subprocess.run(["tmux", "set-option", "-w", "-t", f"={target.tmux_session}:", "remain-on-exit", "on"], check=True)
+        (run_id,) = runs(target)
+        run = tmp_path / "t" / "state" / "runs" / run_id
+        pane = int((run / "pane").read_text().split()[0])
+        wait_for(lambda: (run / "exit_code").exists() and not os.path.exists(f"/proc/{pane}"), 60, "the trainer's exit and its pane's end")
+        dead = subprocess.run(
+            ["tmux", "list-panes", "-s", "-t", f"={target.tmux_session}", "-F", "#{pane_dead}"], capture_output=True, text=True
+        )
+        assert dead.stdout.split() == ["1"], "tmux did not keep the dead pane: the shape was not made"
+        d = diagnose(collect_snapshot(target, wait_seconds=0), target.thresholds)
+        assert d.verdict is Verdict.CRASHED and "3" in " ".join(d.evidence), d
+        record, _ = launch.fn(target, 2)
+        assert record.pid and os.path.exists(f"/proc/{record.pid}"), "the next launch did not start"
+        assert list((tmp_path / "t" / "state").glob("dead_pane_*.txt")), "the dead pane's last screen was not kept"
     finally:
         stop_all(target)

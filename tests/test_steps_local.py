@@ -113,10 +113,22 @@ def test_tmux_kill_session_ends_the_trainer_it_holds_and_is_recorded_as_a_delibe
     assert Path(record.log_path).exists(), "the log is kept"
 
 
+def sighup_ignored(pid: int) -> bool:
+    """Whether PID ignores SIGHUP (bit 0 of SigIgn in /proc/PID/status), as nohup makes its program do."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return any(line.startswith("SigIgn:") and int(line.split()[1], 16) & 1 for line in status.splitlines())
+
+
 def test_a_trainer_that_ignores_the_hangup_lives_on_after_its_session_ends(target):
     # `nohup`: the hangup is ignored, as it would be by hand; the run is not ended for it, and a check judges it live.
     nohup = target.model_copy(update={"launch_command": "nohup bash stepper.sh"})
     record, _ = launch.fn(nohup, 1)
+    # The shape is a trainer that ignores the hangup: nohup has set that up (SIGHUP in SigIgn) before the session ends.
+    # A kill-session in the instant before, as a loaded make test made, hangs up a trainer that did not ignore it yet.
+    wait_for(lambda: sighup_ignored(record.pid), 20, "nohup to ignore SIGHUP in the trainer")
     subprocess.run(["tmux", "kill-session", "-t", f"={target.tmux_session}"], check=True)
     log = Path(record.log_path)
     size = log.stat().st_size

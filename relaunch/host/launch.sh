@@ -81,6 +81,13 @@ if [ -n "$cur" ] && tmux has-session -t "=$session" 2>/dev/null; then
     while tmux has-session -t "=$session" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do nap 0.01; done
   fi
 fi
+# Panes whose program has ended (a person's `remain-on-exit on`) hold no process, only the crash's last screen: kept in
+# the state folder, then closed, so that a session holding nothing else ends and the launch goes on.
+while read -r dead pane_id; do
+  [ "$dead" = 1 ] || continue
+  screen="$state/dead_pane_$(date -u +%Y%m%dT%H%M%SZ)_${pane_id#%}.txt"
+  tmux capture-pane -p -S - -t "$pane_id" > "$screen" 2> /dev/null && tmux kill-pane -t "$pane_id" 2> /dev/null
+done < <(tmux list-panes -s -t "=$session" -F '#{pane_dead} #{pane_id}' 2> /dev/null)
 if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
 # A trainer started by hand (`nohup python train.py > log &`, outside tmux, or under the target's old name) has no
 # marker: it runs the launch command's program with its working folder in the repo.

@@ -61,13 +61,17 @@ ours_pane() {
 # PANES=("PANEPID PANEID" ...) of session SESSION; OURS=1 when one of them is the current run's (then the
 # others are windows a person opened beside it, not a run of their own).
 read_panes() {
-  local line
+  local line dead
   PANES=() OURS=0
-  while read -r line; do
+  while read -r dead line; do
     [ -n "$line" ] || continue
+    # A pane whose program has ended (kept by `remain-on-exit`, or for a moment on a loaded host until tmux reaps it)
+    # holds nothing: no run of anyone's, and no pane of ours.
+    [ "$dead" = 1 ] && continue
+    dying "${line%% *}" && continue
     PANES+=("$line")
     ours_pane "${line%% *}" && OURS=1
-  done < <(tmux list-panes -s -t "=$1" -F '#{pane_pid} #{pane_id}' 2> /dev/null)
+  done < <(tmux list-panes -s -t "=$1" -F '#{pane_dead} #{pane_pid} #{pane_id}' 2> /dev/null)
   return 0
 }
 # TOPS=what a person started in the pane whose process is PID: that process, or an interactive shell's children

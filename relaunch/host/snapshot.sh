@@ -295,7 +295,7 @@ fi
 # by hand, or a program that is no trainer. Reported, with the log it writes, never acted on here.
 if [ "$session_up" = 1 ]; then
   read_panes "$session"
-  if [ "$OURS" = 0 ]; then
+  if [ "$OURS" = 0 ] && [ ${#PANES[@]} -gt 0 ]; then
     echo "$M foreign"
     foreign_log=''
     for line in "${PANES[@]}"; do
