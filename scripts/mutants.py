@@ -264,6 +264,18 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/test_snapshot_moment.py::test_a_dead_pane_tmux_keeps_is_no_foreign_run_and_the_next_launch_closes_it",),
     ),
     Mutant(
+        name="signal-in-script",
+        mechanism="root cause: a trainer ended by a signal inside a wrapper script that exits 0 is no finished run",
+        file="relaunch/judging/gone.py",
+        old="    if code in (0, None) and (signaled := signaled_in_script(snap)) is not None:\n",
+        new="    if False and (signaled := signaled_in_script(snap)) is not None:\n",
+        what="the script's 0 taken as the trainer's",
+        tests=(
+            "tests/test_root_cause_rules.py::test_a_trainer_ended_by_a_signal_inside_a_script_that_exits_0_is_never_finished",
+            "tests/test_steps_local.py::test_a_trainer_killed_inside_a_wrapper_script_that_exits_0_is_crashed_killed_not_finished",
+        ),
+    ),
+    Mutant(
         name="marked-trainer",
         mechanism="never two trainers: launch refuses beside a process carrying the target's marker",
         file="relaunch/host/launch.sh",

@@ -11,6 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Every core busy (the judging tests run loaded too) makes an example take seconds now and then, most often the first:
+# a verdict is the property, never how long one example took. No deadline for any generated test.
+settings.register_profile("relaunch", deadline=None)
+settings.load_profile("relaunch")
 
 _HOME = tempfile.mkdtemp(prefix="relaunch-prefect-")
 os.environ["PREFECT_HOME"] = _HOME

@@ -40,6 +40,11 @@ CASES = [
     ("cpu/compile_error_invalid_cxx.log", ["--exit-code", "1"], "crashed", "compile_error", None, "InvalidCxxCompiler"),
     ("cpu/generic_error.log", ["--exit-code", "1"], "crashed", "error", None, "KeyError: 'labels'"),
     ("cpu/sigterm.log", ["--exit-code", "143"], "crashed", "killed", None, "SIGTERM"),
+    # A trainer ended by a signal inside a wrapper script that went on and exited 0: its shell's job line says so.
+    ("cpu/wrapped_sigkill.log", ["--exit-code", "0"], "crashed", "killed", None, "Killed                  python -u signal_trainer.py"),
+    ("cpu/wrapped_sigterm.log", ["--exit-code", "0"], "crashed", "killed", None, "Terminated"),
+    ("cpu/wrapped_sigsegv.log", ["--exit-code", "0"], "crashed", "native_crash", None, "Segmentation fault"),
+    ("cpu/wrapped_sigabrt.log", ["--exit-code", "0"], "crashed", "native_crash", None, "Aborted"),
     ("cpu/sigkill.log", ["--exit-code", "137"], "crashed", "killed", None, "SIGKILL"),
     ("cpu/sigkill.log", [], "crashed", "silent_exit", None, "no exit code recorded"),
     ("cpu/missing_dependency_library.log", ["--exit-code", "1"], "crashed", "missing_dependency", "accelerate", "pip install accelerate"),

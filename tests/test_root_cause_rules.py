@@ -248,3 +248,36 @@ def test_the_live_poll_keeps_its_rule_only_the_runs_own_tree():
     assert d.cause is Cause.KILLED, d.summary
     d = died(lines_of("oom_killed_trainer.log"), 137, pid=4242, tree_pids=[int(PID)], kernel_lines=KERNEL)
     assert d.cause is Cause.HOST_OOM_KILLED and not any("PID not given" in line for line in d.evidence)
+
+
+# ---- a signal inside a wrapper script whose own exit is 0 ---------------------------------------------------------
+
+WRAPPED = {"wrapped_sigkill.log": Cause.KILLED, "wrapped_sigterm.log": Cause.KILLED, "wrapped_sigsegv.log": Cause.NATIVE_CRASH}
+
+
+def job_line(fixture: str) -> str:
+    """bash's own job-status line for its killed child, as captured (the line before the wrapper's echo)."""
+    return lines_of(fixture)[-2]
+
+
+@given(
+    st.sampled_from(sorted(WRAPPED)),
+    st.integers(1, 40),
+    st.lists(st.sampled_from(["start.sh: training script ended", "", "syncing logs...", "done", "exit code was 137"]), max_size=3),
+)
+def test_a_trainer_ended_by_a_signal_inside_a_script_that_exits_0_is_never_finished(fixture, steps, after):
+    """`bash start.sh` running `python train.py` then `echo done`: a SIGKILLed trainer's script exits 0, and was read
+    `finished` (never recovered: a green run that gave up). bash's job line after the last step names the signal."""
+    log = [*lines_of(fixture)[:steps], job_line(fixture), *after]
+    d = died(log, exit_code=0)
+    assert (d.verdict, d.cause) == (Verdict.CRASHED, WRAPPED[fixture]), (log[-3:], d.summary)
+    assert any("exited 0, but its script's shell reported" in line for line in d.evidence), d.evidence
+    assert (died(log, exit_code=None).verdict, died(log, exit_code=None).cause) == (Verdict.CRASHED, WRAPPED[fixture])
+
+
+@given(st.sampled_from(sorted(WRAPPED)), st.sampled_from(["training complete", "Training completed.", "step={n} loss=1.0"]))
+def test_a_signal_before_the_last_step_or_followed_by_the_trainers_own_end_leaves_an_exit_0_finished(fixture, later):
+    """A child killed before training went on (a preprocessing step), or a trainer that said it finished after: the 0
+    is the run's, as before."""
+    log = [*lines_of(fixture)[:3], job_line(fixture), later.format(n=900)]
+    assert died(log, exit_code=0).verdict is Verdict.FINISHED

@@ -263,3 +263,29 @@ def test_the_pane_outlives_a_supervisor_that_records_its_pid_late_and_then_follo
         if (run / "supervisor_pid").exists():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int((run / "supervisor_pid").read_text().split()[0]), signal.SIGKILL)
+
+
+def test_a_trainer_killed_inside_a_wrapper_script_that_exits_0_is_crashed_killed_not_finished(made):
+    # `bash start.sh`, start.sh running the trainer then one more line: the trainer's SIGKILL leaves the script's 0. bash's
+    # job line in the log is the witness (tests/fixtures/logs/cpu/wrapped_sig*.log: its captured form).
+    t = made(launch_command="bash start.sh")
+    (Path(t.repo_dir) / "start.sh").write_text("#!/bin/bash\nbash stepper.sh\necho 'start.sh: training script ended'\n")
+    record, _ = launch.fn(t, 1)
+    log = Path(record.log_path)
+    wait_for(lambda: "step=2 " in log.read_text(), 30, "two step lines")
+    table = [
+        line.split(None, 2)
+        for line in subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True).stdout.splitlines()
+    ]
+    tree, grew = {str(record.pid)}, True
+    while grew:
+        grew = bool({pid for pid, ppid, _ in table if ppid in tree} - tree)
+        tree |= {pid for pid, ppid, _ in table if ppid in tree}
+    (trainer,) = [int(pid) for pid, _, args in table if pid in tree and args == "bash stepper.sh"]
+    os.kill(trainer, signal.SIGKILL)  # the wrapper's trainer, by its PID in the recorded tree
+    # The script's 0, or (where a child of the killed trainer outlived the script a moment) no exit code: either way not
+    # the trainer's own.
+    ended = [run_record(t) / "exit_code", run_record(t) / "detached"]
+    wait_for(lambda: any(p.exists() for p in ended), 30, "the supervisor to record the script's end")
+    d = poll_until_settled(t).diagnosis
+    assert (d.verdict, d.cause) == (Verdict.CRASHED, Cause.KILLED), (d.summary, d.evidence)

@@ -20,6 +20,8 @@ from relaunch.judging.signatures import (
     REFINEMENTS,
     SIGNAL_NAMES,
     SIGNATURES,
+    STEP_LINE,
+    TQDM_PROGRESS,
     WRAPPER_EXCEPTIONS,
 )
 from relaunch.judging.snapshot import HealthSnapshot
@@ -59,8 +61,40 @@ TRAINING_ENDED = re.compile(
 )
 
 
+# bash's report of a foreground child ended by a signal, in a script that goes on and may exit 0 (`bash start.sh`, where
+# start.sh runs `python train.py` then `echo done`): `start.sh: line 3:  9948 Killed    python -u train.py`, or a bare
+# `Terminated` (tests/fixtures/logs/cpu/wrapped_sig*.log, captured).
+SHELL_JOB_SIGNALED = re.compile(
+    r"(?:^|: line \d+:\s+\d+ )(?P<signal>Killed|Terminated|Segmentation fault|Aborted|Bus error|Hangup|Quit|Illegal instruction"
+    r"|Floating point exception|User defined signal [12])(?:\s+\(core dumped\))?(?:\s{2,}\S.*)?\s*$"
+)
+SIGNAL_EXIT_CODES = {
+    "Hangup": 129, "Quit": 131, "Illegal instruction": 132, "Aborted": 134, "Bus error": 135, "Floating point exception": 136,
+    "Killed": 137, "User defined signal 1": 138, "Segmentation fault": 139, "User defined signal 2": 140, "Terminated": 143,
+}  # fmt: skip
+
+
+def signaled_in_script(snap: HealthSnapshot) -> tuple[int, str] | None:
+    """(128 + signal, the shell's line) where a script's shell reported a child ended by a signal after the run's last
+    step line, and the trainer never said it finished: the launch command's 0 is the script's, not the trainer's."""
+    lines = snap.log_tail
+    last_step = max((i for i, line in enumerate(lines) if STEP_LINE.search(line) or TQDM_PROGRESS.search(line)), default=-1)
+    after = [line.strip() for line in lines[last_step + 1 :]]
+    if any(TRAINING_ENDED.search(line) for line in after):
+        return None
+    found = next((m for line in after if (m := SHELL_JOB_SIGNALED.search(line))), None)
+    return (SIGNAL_EXIT_CODES[found["signal"]], found.string) if found else None
+
+
 def judge_gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0) -> Diagnosis:
     code = snap.exit_code
+    if code in (0, None) and (signaled := signaled_in_script(snap)) is not None:
+        # The trainer was ended by a signal; its script went on and exited 0 (or its end was not recorded: a child of
+        # the trainer outlived the script a moment). Judged as the signal's death, not finished, not silent.
+        gone = judge_gone(snap.model_copy(update={"exit_code": signaled[0]}), metrics, min_free_disk_gb)
+        exited = "exited 0" if code == 0 else "left no exit code"
+        said = f"the launch command {exited}, but its script's shell reported its program ended by a signal: {signaled[1]}"
+        return gone.model_copy(update={"evidence": [*gone.evidence, said]})
     if code == 0 and snap.exit_masked and not any(TRAINING_ENDED.search(line) for line in last_log_lines(snap, 6)):
         # The 0 is a wrapper script's pipeline's (tee's), not the trainer's, and the trainer never said it finished:
         # judged as a death without an exit code (its log's failure, else silent_exit), the wrapper named.
