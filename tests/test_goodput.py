@@ -226,9 +226,10 @@ def test_a_real_crash_and_recovery_is_counted_category_by_category_as_the_tests_
     rebuilding = [step for step in (Step.BUILD_VENV, Step.REBUILD_VENV, Step.RESTORE_CODE) if step in steps]
     rebuild = sum(steps[step] for step in rebuilding)
     # The category is dated by the task runs, which also hold Prefect's hand-over into each step (its Pending and
-    # Running states: tenths of a second each, more with every core busy, 0.5 s over three steps seen under load);
-    # the steps' own clocks do not. Never less than the steps' time, and at most a hand-over of 0.5 s a step more.
-    assert -0.2 < s[Category.REBUILD] - rebuild < 0.5 * len(rebuilding), (s, steps)
+    # Running states: tenths of a second each, more with every core busy: 0.5 s over three steps, and 1.1 s over two in
+    # a loaded make test of 2026-12-05); the steps' own clocks do not. Never less than the steps' time, and at most a
+    # hand-over of 1.5 s a step more: an accounting bound on Prefect's hand-over, no verdict rests on it.
+    assert -0.2 < s[Category.REBUILD] - rebuild < 1.5 * len(rebuilding), (s, steps)
     # The new trainer sleeps START_SECONDS before its first step line; a poll dates that line by the log's last write
     # when it first sees it, up to one poll round trip late (seconds, on a loaded 2-core machine).
     assert START_SECONDS - 0.2 < s[Category.START_UP] < START_SECONDS + 4, s
