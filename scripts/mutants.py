@@ -415,6 +415,87 @@ MUTANTS: tuple[Mutant, ...] = (
         what="kills by name not read",
         tests=(f"{ROOTS}::test_a_kill_of_any_process_named_like_the_trainer_is_the_saved_logs_oom",),
     ),
+    # ---- issue 48: a wrapper's exit 0 over a crash, a checkpoint the code refuses, a short write, a barrier missed ----
+    Mutant(
+        name="wrapper-zero-uncaught",
+        mechanism="an exit 0 over an uncaught exception that ends the log is a wrapper's: a crash, never finished",
+        file="relaunch/judging/gone.py",
+        old="    if code == 0 and (uncaught := uncaught_at_end(snap.log_tail)) is not None:\n",
+        new="    if False and (uncaught := uncaught_at_end(snap.log_tail)) is not None:\n",
+        what="the wrapper's 0 taken as the trainer's",
+        tests=(
+            "tests/test_misread_faces.py::test_an_exit_0_over_an_uncaught_exception_at_the_logs_end_is_a_crash_and_the_0_is_named_the_wrappers",
+            "tests/test_misread_faces.py::test_any_real_traceback_ending_the_log_under_a_wrappers_0_reads_as_its_own_cause",
+            "tests/test_misread_faces.py::test_a_launched_wrapper_script_whose_trainer_raised_exits_0_and_is_read_as_the_trainers_error[script-echo]",
+        ),
+    ),
+    Mutant(
+        name="thread-traceback-not-fatal",
+        mechanism="a thread's or child process's traceback at a run's end is no uncaught exception of the trainer",
+        file="relaunch/judging/wrappers.py",
+        old="|Exception in thread .+:$|Process .+:$)",
+        new=")",
+        what="a thread's traceback read as the trainer's",
+        tests=(
+            "tests/test_misread_faces.py::test_a_traceback_of_a_thread_or_child_process_at_a_runs_end_is_no_uncaught_exception_of_the_trainer",
+        ),
+    ),
+    Mutant(
+        name="pickled-name-moved",
+        mechanism="an unpickler that cannot find a module or class the checkpoint names: checkpoint_incompatible, never skipped",
+        file="relaunch/judging/signatures.py",
+        old=", (Cause.CHECKPOINT_INCOMPATIBLE, PICKLED_NAME_GONE)]",
+        new="]",
+        what="a moved class read as a broken checkpoint",
+        tests=(
+            "tests/test_misread_faces.py::test_a_pickled_class_a_refactor_moved_is_an_incompatible_checkpoint_restored_by_code_never_skipped",
+            "tests/test_misread_faces.py::test_any_module_or_class_the_unpickler_cannot_find_is_incompatible_on_any_rank",
+        ),
+    ),
+    Mutant(
+        name="short-write-disk-full",
+        mechanism="numpy's short write (`N requested and M written`) is a full disk",
+        file="relaunch/judging/signatures.py",
+        old='            rf"|{SHORT_WRITE.pattern}"\n',
+        new="",
+        what="a short write read as a plain error",
+        tests=(
+            "tests/test_misread_faces.py::test_numpys_short_write_is_a_full_disk_and_the_polls_free_space_confirms_it",
+            "tests/test_misread_faces.py::test_a_short_write_of_any_size_on_any_rank_is_a_full_disk",
+        ),
+    ),
+    Mutant(
+        name="full-disk-confirmed",
+        mechanism="a disk the trainer said filled and the poll finds really full is still full: no relaunch onto it",
+        file="relaunch/judging/gone.py",
+        old="(disk_full_evidence(snap, min_free_disk_gb) or full_disk_evidence(snap))",
+        new="disk_full_evidence(snap, min_free_disk_gb)",
+        what="the poll's full disk not read without a minimum",
+        tests=("tests/test_misread_faces.py::test_numpys_short_write_is_a_full_disk_and_the_polls_free_space_confirms_it",),
+    ),
+    Mutant(
+        name="barrier-is-distributed",
+        mechanism="a monitored barrier that timed out is a distributed failure, not rank 0's own error",
+        file="relaunch/judging/signatures.py",
+        old='            # A monitored barrier some rank never reached (cpu/monitored_barrier_*.log): the failure is that rank\'s.\n            rf"|{BARRIER_MISSED}"\n',
+        new="",
+        what="the barrier's timeout read as an error of the rank that waited",
+        tests=(
+            "tests/test_misread_faces.py::test_a_monitored_barrier_that_timed_out_is_a_distributed_failure_naming_the_ranks_that_never_arrived",
+        ),
+    ),
+    Mutant(
+        name="barrier-names-absent",
+        mechanism="the ranks that never reached a monitored barrier are named as its cause",
+        file="relaunch/judging/gone.py",
+        old="            absent = barrier_absentees(lines)\n",
+        new="            absent = None\n",
+        what="the late ranks not named",
+        tests=(
+            "tests/test_misread_faces.py::test_a_monitored_barrier_that_timed_out_is_a_distributed_failure_naming_the_ranks_that_never_arrived",
+            "tests/test_misread_faces.py::test_the_ranks_named_are_those_that_never_arrived_whatever_their_numbers_and_the_timeout",
+        ),
+    ),
 )
 
 

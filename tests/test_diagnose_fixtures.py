@@ -232,6 +232,28 @@ CASES = [
         "rank 1 (local_rank 0, pid 1712, host localhost) died of SIGKILL",
     ),
     ("gpu/gang/node0_a0.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "ChildFailedError"),
+    # Issue 48: a wrapper's exit 0 over an uncaught exception (tee without pipefail, a script's last line) is the trainer's
+    # error; a thread's or child's traceback at the end of a run that exited 0 is not.
+    ("cpu/tee_traceback.log", ["--exit-code", "0"], "crashed", "error", None, "exit code 0 recorded, but it is a wrapper's"),
+    ("cpu/wrapped_traceback_echo.log", ["--exit-code", "0"], "crashed", "error", None, "No such file or directory"),
+    ("cpu/torchrun_tee_traceback.log", ["--exit-code", "0"], "crashed", "error", None, "rank1/shard_00003.bin"),
+    ("cpu/background_thread_traceback.log", ["--exit-code", "0"], "finished", None, None, "/nonexistent/metrics.jsonl"),
+    # A pickled class a refactor moved or renamed: the code refuses an intact checkpoint; the same file loads with the old code.
+    ("cpu/checkpoint_class_moved.log", ["--exit-code", "1"], "crashed", "checkpoint_incompatible", None, "the checkpoint is intact"),
+    ("cpu/checkpoint_class_renamed.log", ["--exit-code", "1"], "crashed", "checkpoint_incompatible", None, "Can't get attribute"),
+    ("cpu/checkpoint_class_restored.log", ["--exit-code", "0"], "finished", None, None, "step=805"),
+    # numpy's short write is a full disk; a monitored barrier's timeout names the rank that never arrived.
+    ("cpu/numpy_short_write.log", ["--exit-code", "1"], "crashed", "disk_full", None, "8176 of 100000 items written"),
+    ("cpu/monitored_barrier_timeout.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "rank 1 never reached"),
+    ("cpu/monitored_barrier_torchrun.log", ["--exit-code", "1"], "crashed", "distributed_failure", None, "rank 1 never reached"),
+    (
+        "cpu/monitored_barrier_all_ranks_torchrun.log",
+        ["--exit-code", "1"],
+        "crashed",
+        "distributed_failure",
+        None,
+        "ranks 1, 2 never reached the monitored barrier",
+    ),
 ]
 
 

@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 
 from relaunch.judging.findings import Diagnosis, Metrics, last_log_lines, run_pids
-from relaunch.judging.hardware import disk_full_evidence, full_disk_evidence
+from relaunch.judging.hardware import disk_full_evidence, free_space_now, full_disk_evidence
 from relaunch.judging.signatures import (
     CACHE_DAMAGE_WARNING,
     DATALOADER_WORKER_DIED,
@@ -17,16 +17,17 @@ from relaunch.judging.signatures import (
     NATIVE_SIGNALS,
     OUTSIDE_SIGNALS,
     PEER_LOST,
+    PICKLED_NAME_GONE,
     REFINEMENTS,
+    SHORT_WRITE,
     SIGNAL_NAMES,
     SIGNATURES,
-    STEP_LINE,
-    TQDM_PROGRESS,
     WRAPPER_EXCEPTIONS,
 )
 from relaunch.judging.snapshot import HealthSnapshot
 from relaunch.judging.torchrun import (
     RankFailure,
+    barrier_absentees,
     collective_timeouts,
     failed_ranks,
     rank_lines,
@@ -34,6 +35,7 @@ from relaunch.judging.torchrun import (
     root_cause,
     worker_group_failures,
 )
+from relaunch.judging.wrappers import TRAINING_ENDED, signaled_in_script, uncaught_at_end
 from relaunch.vocabulary import Cause, Verdict
 
 
@@ -51,39 +53,6 @@ def kernel_note(snap: HealthSnapshot) -> list[str]:
         if snap.kernel_readable is False
         else []
     )
-
-
-# What a trainer (or its framework) prints as training ends: `training complete`, HF's `Training completed.`,
-# Lightning's `` `Trainer.fit` stopped: `max_steps=100` reached.``.
-TRAINING_ENDED = re.compile(
-    r"(?i)\btraining (is )?(complete|completed|finished|done|ended)\b|\b(finished|done with|end of) training\b"
-    r"|stopped: `?max_(steps|epochs)=\d+`? reached"
-)
-
-
-# bash's report of a foreground child ended by a signal, in a script that goes on and may exit 0 (`bash start.sh`, where
-# start.sh runs `python train.py` then `echo done`): `start.sh: line 3:  9948 Killed    python -u train.py`, or a bare
-# `Terminated` (tests/fixtures/logs/cpu/wrapped_sig*.log, captured).
-SHELL_JOB_SIGNALED = re.compile(
-    r"(?:^|: line \d+:\s+\d+ )(?P<signal>Killed|Terminated|Segmentation fault|Aborted|Bus error|Hangup|Quit|Illegal instruction"
-    r"|Floating point exception|User defined signal [12])(?:\s+\(core dumped\))?(?:\s{2,}\S.*)?\s*$"
-)
-SIGNAL_EXIT_CODES = {
-    "Hangup": 129, "Quit": 131, "Illegal instruction": 132, "Aborted": 134, "Bus error": 135, "Floating point exception": 136,
-    "Killed": 137, "User defined signal 1": 138, "Segmentation fault": 139, "User defined signal 2": 140, "Terminated": 143,
-}  # fmt: skip
-
-
-def signaled_in_script(snap: HealthSnapshot) -> tuple[int, str] | None:
-    """(128 + signal, the shell's line) where a script's shell reported a child ended by a signal after the run's last
-    step line, and the trainer never said it finished: the launch command's 0 is the script's, not the trainer's."""
-    lines = snap.log_tail
-    last_step = max((i for i, line in enumerate(lines) if STEP_LINE.search(line) or TQDM_PROGRESS.search(line)), default=-1)
-    after = [line.strip() for line in lines[last_step + 1 :]]
-    if any(TRAINING_ENDED.search(line) for line in after):
-        return None
-    found = next((m for line in after if (m := SHELL_JOB_SIGNALED.search(line))), None)
-    return (SIGNAL_EXIT_CODES[found["signal"]], found.string) if found else None
 
 
 def judge_gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float = 0.0) -> Diagnosis:
@@ -114,6 +83,19 @@ def judge_gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float =
             ],
             metrics=metrics,
         )
+    if code == 0 and (uncaught := uncaught_at_end(snap.log_tail)) is not None:
+        # Python exits 1 on an uncaught exception: a 0 over one that ends the log is a wrapper's (a pipe's tee without
+        # pipefail, a script's last line), which no process of the run told the supervisor. Judged as a death without an
+        # exit code (the log's failure), and the 0 named as the wrapper's.
+        gone = judge_gone(snap.model_copy(update={"exit_code": None}), metrics, min_free_disk_gb)
+        wrapper = (
+            "exit code 0 recorded, but it is a wrapper's, not the trainer's (`| tee` without pipefail records tee's 0, a "
+            f"script its last command's): the log ends in an uncaught exception after its last step ({uncaught}), and Python "
+            "exits 1 on one"
+        )
+        unknown = _exit_text(snap.model_copy(update={"exit_code": None}))
+        evidence = [line for line in gone.evidence if line != unknown]
+        return gone.model_copy(update={"evidence": [*evidence, wrapper]})
     if code == 0:
         return Diagnosis(verdict=Verdict.FINISHED, summary="the trainer exited 0", evidence=last_log_lines(snap, 3), metrics=metrics)
     cause = classify_failure([*snap.log_matches, *snap.log_tail])
@@ -127,13 +109,7 @@ def judge_gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float =
     if not oom_kernel and code == 137 and not workers and not run_pids(snap):
         # A saved log names no PID: an OOM kill of a process named like the trainer, with the exit code of a SIGKILL.
         oom_kernel = _unnamed_oom_lines(snap)
-    exit_text = (
-        f"exit code {code}"
-        if code is not None
-        else "no exit code: an adopted run's exit code cannot be known (relaunch did not start it)"
-        if snap.adopted
-        else "no exit code recorded"
-    )
+    exit_text = _exit_text(snap)
     if cause is not None and cause[0] in (Cause.BROKEN_CHECKPOINT, Cause.CHECKPOINT_INCOMPATIBLE) and metrics.steps_seen:
         # It stepped, so the checkpoint it was given loaded: the load error is about something else.
         cause = (Cause.ERROR, None, cause[2])
@@ -164,14 +140,17 @@ def judge_gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float =
         if kind is Cause.DISTRIBUTED_FAILURE:
             gap = rendezvous_gap(lines)
             restarts = worker_group_failures(lines)
-            decisive = [*decisive, *collective_timeouts(lines)]
-            decisive += [rank.describe()] if rank else []
+            # A monitored barrier names the ranks that never reached it: the failure is theirs, not the reporter's.
+            absent = barrier_absentees(lines)
+            decisive = [*([absent] if absent else []), *decisive, *collective_timeouts(lines)]
+            reported = "the rank that reported the barrier's timeout (torchrun's root cause), not its cause"
+            decisive += [rank.describe(reported) if absent else rank.describe()] if rank else []
             decisive += [gap] if gap else []
             if len(restarts) > 1:
                 # torchrun's group failed, restarted, and failed again: each failure is evidence of the restarts spent.
                 decisive += restarts
                 summary = f"torchrun restarted its worker group {len(restarts) - 1} time(s) and it failed again: {summary}"
-            summary = gap or summary
+            summary = gap or absent or summary
         if kind is Cause.KILLED:
             decisive = [*decisive, *_outside_note(_signal_said(decisive))]
         aborted = code == 134 or (rank is not None and rank.signal_number == 6)
@@ -181,6 +160,9 @@ def judge_gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float =
             # What did not fit, as torch says it: the refused global, the missing keys, the first shape mismatch.
             detail = [line.strip() for line in lines if LOAD_ERROR_DETAIL.match(line)][:3]
             decisive += detail
+            # An unpickler that cannot find a module or class the file names: the code moved it, the file is intact.
+            gone_name = next((m for line in decisive if (m := PICKLED_NAME_GONE.search(line))), None)
+            decisive += [_moved_note(gone_name)] if gone_name else []
             summary = f"{kind.value}: {detail[0]}" if detail else summary
         if package:
             summary = f"missing_dependency: install {package}"
@@ -194,8 +176,12 @@ def judge_gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float =
         extra += kernel_note(snap) if kind is Cause.GPU_FAULT else []
         # A full /dev/shm does not empty itself on a relaunch: a person must give the container more.
         shm_full = kind is Cause.DISK_FULL and any("shared memory" in line for line in decisive)
-        # The trainer said its disk filled: the poll's figures say whether it still is (no relaunch onto it).
-        low = disk_full_evidence(snap, min_free_disk_gb) if kind is Cause.DISK_FULL else []
+        # The trainer said its disk filled: the poll's figures say whether it still is (no relaunch onto it): below the
+        # target's minimum, or really full (a write fails there now) where no minimum is set.
+        low = (disk_full_evidence(snap, min_free_disk_gb) or full_disk_evidence(snap)) if kind is Cause.DISK_FULL else []
+        if kind is Cause.DISK_FULL:
+            decisive += [_short_write_note(m) for line in decisive[:2] if (m := SHORT_WRITE.search(line))][:1]
+            decisive += [] if low else free_space_now(snap)
         return Diagnosis(
             verdict=Verdict.CRASHED,
             cause=kind,
@@ -291,6 +277,27 @@ def _rank_failure(rank: RankFailure, snap: HealthSnapshot, metrics: Metrics, exi
         evidence=[summary, f"launcher: {exit_text}", *note, *(peers or [])],
         metrics=metrics,
     )
+
+
+def _exit_text(snap: HealthSnapshot) -> str:
+    code = snap.exit_code
+    if code is not None:
+        return f"exit code {code}"
+    if snap.adopted:
+        return "no exit code: an adopted run's exit code cannot be known (relaunch did not start it)"
+    return "no exit code recorded"
+
+
+def _moved_note(m: re.Match[str]) -> str:
+    what = f"`{m['module']}`" if m["module"] else f"`{m['cls']}` in `{m['in']}`"
+    return (
+        f"the checkpoint pickled an object of {what}, which the code now running no longer has where the code that wrote "
+        "it had it (a refactor moved or renamed it): the checkpoint is intact; restore the code that wrote it"
+    )
+
+
+def _short_write_note(m: re.Match[str]) -> str:
+    return f"a short write: {m['written']} of {m['requested']} items written (numpy's tofile/save): the filesystem it wrote to filled"
 
 
 OUTSIDE_NOTES = {

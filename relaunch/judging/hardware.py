@@ -236,5 +236,15 @@ def disk_full_evidence(snap: HealthSnapshot, min_free_disk_gb: float) -> list[st
     ]
 
 
+def free_space_now(snap: HealthSnapshot) -> list[str]:
+    """The poll's free space at each watched folder (not /dev/shm), as one line: what a trainer's word that its disk
+    filled is weighed against where no folder is full now. Empty where the poll read no figures (a saved log)."""
+    disks = [d for d in snap.disks if d.path != "/dev/shm"]
+    if not disks:
+        return []
+    figures = "; ".join(f"{human_size(d.available_bytes)} free of {human_size(d.size_bytes)} at {d.path}" for d in disks)
+    return [f"free space now: {figures}: none full, so the write that failed filled another disk, or space was freed since"]
+
+
 def human_size(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"

@@ -39,12 +39,29 @@ INCOMPATIBLE_CHECKPOINT = re.compile(
     r"Weights only load failed|Error\(s\) in loading state_dict for|size mismatch for [\w.]+: copying a param|(?:Missing|Unexpected) key\(s\) in state_dict"
 )
 
+# An intact checkpoint whose pickled object names a module or class the code no longer has where the code that wrote it
+# had it (a refactor moved or renamed it): the unpickler's find_class cannot import the module (`ModuleNotFoundError: No
+# module named 'trainlib.config'`, cpu/checkpoint_class_moved.log) or find the class in it (`AttributeError: Can't get
+# attribute 'TrainConfig' on <module 'trainlib.config' from ...>`, cpu/checkpoint_class_renamed.log). The same file loads
+# with the code that wrote it (cpu/checkpoint_class_restored.log): the code changed, not the file.
+PICKLED_NAME_GONE = re.compile(
+    r"ModuleNotFoundError: No module named '(?P<module>[\w.]+)'|AttributeError: Can't get attribute '(?P<cls>[\w.]+)' on <module '(?P<in>[\w.]+)'"
+)
+
+# numpy's word for a write the filesystem cut short (`OSError: 100000 requested and 8176 written`, from ndarray.tofile
+# under np.save, cpu/numpy_short_write.log): the disk filled mid-write, though nothing says "space".
+SHORT_WRITE = re.compile(r"\b(?P<requested>\d+) requested and (?P<written>\d+) written\b")
+
 # The lines under that error that say what exactly did not fit: the global the unpickler refused, the keys and shapes.
 LOAD_ERROR_DETAIL = re.compile(r"^\s*(?:WeightsUnpickler error: |(?:Missing|Unexpected) key\(s\) in state_dict: |size mismatch for )")
 
 # C++'s last words for an exception nothing caught (`terminate called after throwing an instance of 'gloo::EnforceNotMet'`,
 # `'c10::DistBackendError'`), when the exception is the collectives': the SIGABRT that follows is that error's.
 UNCAUGHT_DISTRIBUTED = re.compile(r"terminate called after throwing an instance of '(?:c10::Dist\w*Error|gloo::\w+)'")
+
+# Rank 0's word that ranks never reached dist.monitored_barrier in its timeout (`Rank 1 failed to pass monitoredBarrier in
+# 30000 ms`; with wait_all_ranks=True `Ranks 1, 2 failed to pass ...`): theirs is the failure, rank 0 only waited.
+BARRIER_MISSED = r"\bRanks? \d+(?:, \d+)* failed to pass monitoredBarrier in \d+ ms"
 
 # Log signatures, each a regex over one line. The earliest matching line in the log decides:
 # knock-on failures print later than their cause.
@@ -61,6 +78,7 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
         Cause.DISK_FULL,
         re.compile(
             r"No space left on device|\[Errno 28\]|\bENOSPC\b|PytorchStreamWriter failed writing file|basic_ios::clear: iostream error|inline_container\.cc:\d+\] \. unexpected pos"
+            rf"|{SHORT_WRITE.pattern}"
         ),
     ),
     (
@@ -111,6 +129,8 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
             # error's consequence, not a native crash), and the collectives' own word for ranks that disagree
             # (cpu/collective_mismatch.log, cpu/collective_mismatch_torchrun.log, gpu/nccl_watchdog_timeout.log)
             rf"|{UNCAUGHT_DISTRIBUTED.pattern}|distributed collective mismatch|\[enforce fail at [^\]]*/gloo/"
+            # A monitored barrier some rank never reached (cpu/monitored_barrier_*.log): the failure is that rank's.
+            rf"|{BARRIER_MISSED}"
         ),
     ),
     (
@@ -125,7 +145,7 @@ SIGNATURES: list[tuple[Cause, re.Pattern[str]]] = [
 # cache, not a compiler to fix (cpu/compile_cache_module_truncated.log). The traceback's innermost frame counts as message,
 # and a dump with no exception line (faulthandler's, after `Fatal Python error:`) counts whole.
 REFINEMENTS: dict[Cause, list[tuple[Cause, re.Pattern[str]]]] = {
-    Cause.BROKEN_CHECKPOINT: [(Cause.CHECKPOINT_INCOMPATIBLE, INCOMPATIBLE_CHECKPOINT)],
+    Cause.BROKEN_CHECKPOINT: [(Cause.CHECKPOINT_INCOMPATIBLE, INCOMPATIBLE_CHECKPOINT), (Cause.CHECKPOINT_INCOMPATIBLE, PICKLED_NAME_GONE)],
     Cause.COMPILE_ERROR: [(Cause.CORRUPT_CACHE, CACHED_MODULE), (Cause.CORRUPT_CACHE, CACHED_KERNEL)],
     # faulthandler's dump of a native crash: the thread that crashed was loading Triton's cached module.
     Cause.NATIVE_CRASH: [(Cause.CORRUPT_CACHE, CACHED_KERNEL)],
@@ -144,6 +164,7 @@ PEER_LOST = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|Connection refused|timed out connecting|Timed out waiting"
     r"|Watchdog caught collective operation timeout|collective operation timeout|due to a collective timeout|failure detected by watchdog"
     r"|Gloo connectFullMesh failed|\bDistNetworkError\b|\bDistStoreError\b|NCCL communicator was aborted|remote process exited"
+    rf"|{BARRIER_MISSED}"
 )
 
 # Signals that come from outside the process: a person's Ctrl-C (SIGINT), a terminal that closed (SIGHUP), a scheduler's

@@ -172,3 +172,32 @@ def worker_group_failures(lines: list[str]) -> list[str]:
             how = f"died of {_signal_name(-code)}" if code < 0 else f"exited {code}"
             failures.append(f"worker group failure {len(failures) + 1}: local_rank {m['local']} (pid {m['pid']}) {how}")
     return failures
+
+
+# Rank 0's report of a dist.monitored_barrier that timed out (cpu/monitored_barrier_*.log): glog's `[Rank 0]: Rank 1 failed
+# to pass monitoredBarrier in 30000 ms`, one line per late rank with wait_all_ranks=True and then `Ranks 1, 2 failed ...`.
+BARRIER_TIMEOUT = re.compile(
+    r"(?:\[Rank (?P<by>\d+)\]: )?Ranks? (?P<ranks>\d+(?:, \d+)*) failed to pass monitoredBarrier in (?P<ms>\d+) ms"
+)
+
+
+def barrier_absentees(lines: list[str]) -> str | None:
+    """Which ranks never reached a monitored barrier, and who waited how long for them; None where no barrier timed out.
+
+    monitored_barrier is checked by rank 0 alone: the ranks it names are the failure (stuck, slow or dead before the
+    barrier), rank 0's error and torchrun's root cause only report it."""
+    absent: list[int] = []
+    by, waited = "0", ""
+    for line in lines:
+        if m := BARRIER_TIMEOUT.search(line):
+            absent += [r for r in map(int, m["ranks"].split(", ")) if r not in absent]
+            # The reporter: glog's `[Rank 0]:` in the message, else torch's `[rank0]:` prefix on the line.
+            prefix = RANK_PREFIX.match(line)
+            by, waited = m["by"] or (prefix["rank"] if prefix else by), m["ms"]
+    if not absent:
+        return None
+    who = f"rank {absent[0]}" if len(absent) == 1 else f"ranks {', '.join(map(str, absent))}"
+    return (
+        f"{who} never reached the monitored barrier: rank {by} waited {waited} ms for {'it' if len(absent) == 1 else 'them'}; "
+        f"the failure lies with {who} (stuck, slow or dead before the barrier), rank {by} only reported it"
+    )
