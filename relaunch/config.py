@@ -163,6 +163,13 @@ class Thresholds(_Model):
         description="Regex with a named group `value` for the loss on a step line; default reads loss=nan, loss nan, loss: inf, 'loss': nan, train_loss=3.6.",
     )
 
+    @property
+    def progress_sample_seconds(self) -> float:
+        """How often the run's recorder (relaunch/host/recorder.sh) samples its tree: a twentieth of the stall window's
+        floor, 0.5 to 5 s (the default 300 s floor: every 5 s; a floor scaled to 20 s: every second), so a window always
+        spans twenty samples or more and a hang is judged within seconds of its window, for a few process reads a sample."""
+        return min(5.0, max(0.5, self.stall_window_floor_seconds / 20))
+
     @field_validator("step_pattern")
     @classmethod
     def _step_pattern(cls, value: str) -> str:

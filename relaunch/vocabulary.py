@@ -19,6 +19,7 @@ class Verdict(str, Enum):
     FINISHED = "finished"  # the trainer exited 0: training ran to its end; never relaunched
     UNKNOWN = "unknown"  # no launch on record and no session: nothing to judge
     STOPPED = "stopped"  # stopped on purpose (`relaunch stop`) and nothing runs: left stopped until `relaunch recover`
+    PAUSED = "paused"  # alive but stopped by a signal (state T: SIGSTOP, Ctrl-Z, a debugger): a person's act, never stopped or relaunched
     UNMANAGED = (
         "unmanaged"  # the session holds what relaunch will not judge or touch (not a training run, a second trainer): a person must look
     )
@@ -37,7 +38,7 @@ class Verdict(str, Enum):
         return self in _FAILURES
 
 
-_FINE = frozenset({Verdict.HEALTHY, Verdict.STARTING, Verdict.FINISHED, Verdict.STOPPED})
+_FINE = frozenset({Verdict.HEALTHY, Verdict.STARTING, Verdict.FINISHED, Verdict.STOPPED, Verdict.PAUSED})
 _FAILURES = frozenset({Verdict.CRASHED, Verdict.STALLED, Verdict.DEGRADED, Verdict.DIVERGED})
 _NEEDS_RECOVERY = _FAILURES | {Verdict.UNKNOWN}
 
@@ -60,6 +61,9 @@ class Cause(str, Enum):
     ERROR = "error"  # any other exception; the exception line says which
     NOT_A_TRAINER = "not_a_trainer"  # the target's session holds a program that is not a training run (no log it writes)
     TWO_TRAINERS = "two_trainers"  # relaunch's trainer lives outside the session while another run holds the session
+    BLOCKED = (
+        "blocked"  # stands still waiting on something alive outside its tree (a file lock's holder, a device in D state): never stopped
+    )
 
     def is_infrastructure(self) -> bool:
         """The machine or its surroundings failed, not the training code: a return of it never uses up the restart

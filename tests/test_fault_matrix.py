@@ -138,14 +138,17 @@ def lived_in(target: Target, logs: bool = True) -> None:
 def host_tree(target: Target, *, state: bool = True, live: tuple[Path, ...] = (), skip: tuple[Path, ...] = ()) -> dict[str, str]:
     """The target's whole folder (repo with .git, venvs, logs, checkpoints, cache, state), minus the lock's own files
     and the health poll's bookkeeping (RUN/scan*: how far it has read the log, and the failures found so far;
-    RUN/poll_mark: when a waiting poll began; RUN/poll_size: how far it read the log; RUN/tree: the run's PIDs seen so far; RUN/log_followed: a renamed log; RUN/journal: what each poll saw)."""
+    RUN/poll_mark: when a waiting poll began; RUN/poll_size: how far it read the log; RUN/tree: the run's PIDs seen so far; RUN/log_followed: a renamed log; RUN/journal: what each poll saw;
+    RUN/progress and RUN/recorder_*: the progress record its recorder keeps beside the run)."""
     root = root_of(target)
     t = tree(root, skip=skip + (() if state else (Path(target.state_path),)), live=live)
     lock = Path(lock_path(target)).relative_to(root).as_posix()
     return {path: kind for path, kind in t.items() if not path.startswith(lock) and not POLL_SCAN.search(path)}
 
 
-POLL_SCAN = re.compile(r"/runs/[^/]+/(scan(_matches|\.lock|\.tmp)?|poll_mark|poll_size|tree(\.tmp)?|log_followed|journal(\.tmp)?)$")
+POLL_SCAN = re.compile(
+    r"/runs/[^/]+/(scan(_matches|\.lock|\.tmp)?|poll_mark|poll_size|tree(\.tmp)?|log_followed|journal(\.tmp)?|progress(\.tmp)?|recorder(_pid|\.lock))$"
+)
 
 
 def launch_detail(report: Report, attempt: int = 0) -> LaunchDetail:

@@ -155,25 +155,27 @@ def test_a_hung_trainer_is_called_stalled_only_after_it_was_watched_for_its_wind
     t = launched(made, tmp_path, STEP_EVERY="0.2", HANG_AFTER="5", HUNG=str(hung))
     wait_for(hung.exists, 30, "the trainer to hang")
     wait_for(lambda: any("step=5 " in log.read_text() for log in Path(t.log_dir).glob("*")), 30, "its last step line in the log")
+    hung_at = time.monotonic()
     # Its log looks an hour old: one look at the clock would call it stalled at once.
     for log in (Path(t.log_dir)).glob("*"):
         os.utime(log, (time.time() - 3600, time.time() - 3600))
-    result = check_health.fn(t)
-    assert result.diagnosis.verdict is Verdict.STALLED, result.diagnosis
-    assert result.seconds >= t.thresholds.stall_window_floor_seconds, f"decided after {result.seconds} s: on one look"
-    assert any("cores over the window" in line for line in result.diagnosis.evidence), result.diagnosis.evidence
+    results: list[HealthResult] = []
+    wait_for(lambda: results.append(check_health.fn(t)) or results[-1].diagnosis.verdict is Verdict.STALLED, 60, "a stalled verdict")
+    assert time.monotonic() - hung_at >= t.thresholds.stall_window_floor_seconds, "called stalled before a window of quiet"
+    # The whole tree's record says why: nothing moved in it, not only no step line.
+    evidence = results[-1].diagnosis.evidence
+    assert any("no CPU, no I/O and no GPU activity in its whole tree" in line for line in evidence), evidence
 
 
-def test_a_thread_spinning_while_the_main_thread_waits_is_a_hang_by_its_stacks(made, tmp_path):
-    # Busy is not progress: a polling thread keeps a core at 100 % while the main thread waits on a lock for ever.
+def test_a_thread_spinning_while_the_main_thread_waits_is_work_by_its_cpu_never_a_hang_by_its_stacks_alone(made, tmp_path):
+    # A polling thread keeps a core at 100 % while the main thread waits on a lock: the CPU rises, so the record says
+    # work, and a frame alone never makes a hang (issue 50: one long native call looked the same to the stacks).
     hung = tmp_path / "hung"
     t = launched(made, tmp_path, STEP_EVERY="0.2", HANG_AFTER="5", HUNG=str(hung), SPIN="1")
     wait_for(hung.exists, 30, "the trainer to hang")
-    results: list[HealthResult] = []
-    wait_for(lambda: results.append(check_health.fn(t)) or results[-1].diagnosis.verdict is Verdict.STALLED, 60, "a stalled verdict")
-    d = results[-1].diagnosis
-    assert any("sampled stack" in line for line in d.evidence), (d.summary, d.evidence)
-    assert results[-1].progress.stack_samples, "judged without a stack sample"
+    results = checks(t, 4 * t.thresholds.stall_window_floor_seconds)
+    never_stalled(results)
+    assert any("its tree works" in line for line in results[-1].diagnosis.evidence) or results[-1].diagnosis.verdict is Verdict.HEALTHY
 
 
 def test_every_check_journals_the_step_it_read_last_so_a_quiet_gap_shorter_than_ten_intervals_is_no_stall(made, tmp_path):

@@ -23,6 +23,9 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], Remedy] = {
     (Verdict.STOPPED, None): Remedy(
         Action.NONE, "stopped on purpose with `relaunch stop`: left stopped until `relaunch recover` starts it"
     ),
+    (Verdict.PAUSED, None): Remedy(
+        Action.NONE, "paused by a person (a stop signal: SIGSTOP, Ctrl-Z, a debugger): left as it is; `kill -CONT PID` resumes it"
+    ),
     (Verdict.UNMANAGED, None): Remedy(
         Action.ESCALATE,
         "the target's session holds what relaunch did not start and cannot judge as a training run: nothing is stopped; a person must look",
@@ -44,6 +47,11 @@ PLAYBOOK: dict[tuple[Verdict, Cause | None], Remedy] = {
     (Verdict.STALLED, None): Remedy(
         Action.DUMP_AND_RELAUNCH,
         "hung: keep every thread's stack (py-spy), stop it, relaunch from the newest checkpoint",
+    ),
+    (Verdict.STALLED, Cause.BLOCKED): Remedy(
+        Action.ESCALATE,
+        "it waits on something alive that is not its own (a lock another job holds, a device or mount stuck in the kernel): "
+        "nothing is stopped, a restart would wait the same; free what the evidence names, or end its holder",
     ),
     (Verdict.DIVERGED, None): Remedy(
         Action.RELAUNCH_EARLIER,

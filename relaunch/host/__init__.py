@@ -14,7 +14,7 @@ from importlib.resources import files
 
 INCLUDE = re.compile(r"^\. \./(?P<name>[a-z_]+)\.sh$")
 # Shared files, never sent on their own (script_name skips them).
-SHARED = ("lib", "panes")
+SHARED = ("lib", "panes", "recorder")
 
 
 @functools.cache

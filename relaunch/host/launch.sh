@@ -2,7 +2,7 @@
 # shellcheck shell=bash
 # Refuse to launch beside a live trainer or onto a half-built venv or cache; start the launcher in tmux.
 # Arguments: STATE SESSION RUN_ID LOG SUPERVISOR_TEXT LAUNCHER_TEXT WAIT_S VENV CACHE CHECKPOINT IDENTITY
-#   LEGACY_STATE CHECKPOINT_DIR, then the trainer's spec (repo, venv bin, command, KEY=VALUE...). IDENTITY is
+#   LEGACY_STATE CHECKPOINT_DIR RECORD_S (how often the run's recorder samples it, recorder.sh), then the trainer's spec (repo, venv bin, command, KEY=VALUE...). IDENTITY is
 #   "name repo_dir tmux_session" (claim_state); LEGACY_STATE the older state folder whose marked runs still count
 #   as this target's; CHECKPOINT_DIR may be empty (none configured).
 # Prints the trainer's "PID STARTTIME" (or "adopted" after it, for a retry of this very launch). Exit codes:
@@ -17,7 +17,7 @@
 # shellcheck source=lib.sh
 . ./lib.sh
 state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7 venv=$8 cache=$9 checkpoint=${10}
-identity=${11} legacy_state=${12} checkpoint_dir=${13}; shift 13
+identity=${11} legacy_state=${12} checkpoint_dir=${13} record_s=${14}; shift 14
 # A marker in our own environment (relaunch run from inside a trainer) must not make the processes we start
 # look like a trainer to the checks below. /proc/$$/environ keeps them regardless: $$ is left out by PID.
 unset RELAUNCH_RUN RELAUNCH_TARGET
@@ -112,6 +112,7 @@ printf '%s\n' "$log" > "$run/log_path"
 # with the sum of the bytes before it, just before its first write; a poll meanwhile reads no earlier run's text).
 printf '%s\n' "$(stat -L -c %s -- "$log" 2> /dev/null || echo 0)" > "$run/log_offset"
 printf '%s\n' "$checkpoint" > "$run/checkpoint"
+printf '%s\n' "$record_s" > "$run/record_seconds"
 date +%s.%N > "$run/started_at"
 printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$state/current"
 # Several arguments: tmux runs them directly, with no shell in between to quote for.

@@ -7,7 +7,7 @@
 . ./lib.sh
 state=$1 session=$2 wait_ms=$3 tail_n=$4 want_kernel=$5 nonce=$6 venv=$7 cache=$8 tail_bytes=$9 failure_re=${10} logdir=${11} ckpt=${12}
 wake_ms=${13:-0} identity=${14:-} seen_step=${15:-} want_stacks=${16:-0} repo=${17:-} command=${18:-}
-progress_wake_ms=${19:-0} progress_re=${20:-}
+progress_wake_ms=${19:-0} progress_re=${20:-} record_s=${21:-0}
 # py-spy where relaunch brought it (capture_stacks: STATE/tools) or on PATH; asked for only when stacks are wanted.
 pyspy=''
 if [ "$want_stacks" = 1 ]; then
@@ -51,6 +51,8 @@ scan_failures() {
 }
 # shellcheck source=panes.sh
 . ./panes.sh
+# shellcheck source=recorder.sh
+. ./recorder.sh
 # LOG=the file the run's writer has open when its log was renamed under it (rotation by rename), and FOLLOWED
 # says so; kept in RUN/log_followed so that the poll after a death still reads the file the trainer wrote last.
 # The writer: RUN/log_writer_pid (the process relaunch or the adoption recorded as writing the log) or its
@@ -250,6 +252,13 @@ if alive "$pid" "$pstart"; then
       timeout 20 "$pyspy" dump --pid "$p" 2>&1 | head -n 400
     done
   fi
+  # The run's progress record (recorder.sh): started here for a live run that has none (a launch's first poll, an
+  # adopted run, a run of an older relaunch, a recorder that died), and sent thinned, with a sample of this moment last.
+  [ "$record_s" != 0 ] && [ -w "$run" ] && start_recorder "$run" "$record_s"
+  echo "$M progress"
+  print_progress "$run"
+  TREE=("$pid" "${DESC[@]}") NVSMI='' us=0
+  progress_sample "$log"
   # A checkpoint being written is progress: the newest mtime in checkpoint_dir (a save may last minutes).
   if [ -n "$ckpt" ] && [ -d "$ckpt" ]; then
     ckpt_mtime=$(find -H "$ckpt" -maxdepth 3 -printf '%T@\n' 2> /dev/null | awk '$1 > m { m = $1 } END { if (NR) printf "%s", m }')

@@ -2,6 +2,8 @@
 # shellcheck shell=bash
 # shellcheck source=lib.sh
 . ./lib.sh
+# shellcheck source=recorder.sh
+. ./recorder.sh
 # relaunch supervisor. $1: the run folder; its `spec` holds repo, venv bin, command, then KEY=VALUE entries.
 # Writes RUN/pid (the trainer: the command's process, or the process it backgrounded), RUN/log_writer_pid,
 # and, when the trainer exits, RUN/exit_code; a trainer the command backgrounded leaves RUN/detached instead.
@@ -71,6 +73,10 @@ PATH="$venv_bin:$PATH" env -- "RELAUNCH_RUN=$run_dir" "RELAUNCH_TARGET=$state" "
 pid=$!
 exec {to_log}>&-
 record_pid "$pid" "$run_dir/pid"
+# The run's progress record from its first moment (RUN/record_seconds: launch.sh's; a poll starts one where this did not).
+record_s=''
+slurp record_s "$run_dir/record_seconds"
+[ -n "$record_s" ] && start_recorder "$run_dir" "$record_s"
 cstart=''
 starttime_into cstart "$pid"
 # A wrapper script (`bash start.sh` running `python train.py 2>&1 | tee -a log`) exits with its pipeline's last

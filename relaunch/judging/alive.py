@@ -7,10 +7,11 @@ import statistics
 from relaunch.config import Thresholds
 from relaunch.judging.activity import HANG_CEILING_FACTOR, Activity, read_activity, typical_step_seconds
 from relaunch.judging.findings import Diagnosis, Metrics, Progress, last_log_lines, run_pids
+from relaunch.judging.progress import Motion, Reading, read_progress
 from relaunch.judging.reading import diverged, read_log, slow_throughput, step_reader
 from relaunch.judging.signatures import SLOWDOWN_WARNINGS
 from relaunch.judging.snapshot import HealthSnapshot
-from relaunch.vocabulary import Verdict
+from relaunch.vocabulary import Cause, Verdict
 
 
 def checkpoint_written_at(snap: HealthSnapshot) -> float | None:
@@ -130,24 +131,118 @@ def _quiet_verdict(
     )
 
 
+def _record_verdict(
+    reading: Reading, activity: Activity | None, window: float, metrics: Metrics, what: str, evidence: list[str]
+) -> Diagnosis | None:
+    """The progress record's say on a quiet run (relaunch/judging/progress.py), None where it is not quiet.
+
+    Working, whatever its stacks say: a frame alone is never a hang. Flat for the window: stalled. Waiting on something
+    alive outside it: stalled, cause blocked, escalated and never stopped. A busy GPU over a still host: its stacks
+    decide, sampled over the window as before."""
+    holding = Verdict.HEALTHY if metrics.steps_seen else Verdict.STARTING
+    facts = list(reading.evidence)
+    if reading.motion is Motion.WORKING:
+        return None
+    if reading.motion is Motion.WATCHING:
+        return Diagnosis(
+            verdict=holding,
+            summary=f"quiet; watching it for its {window:.0f} s stall window ({reading.spans_seconds:.0f} s recorded)",
+            evidence=[*facts, *evidence],
+            metrics=metrics,
+            watching=f"the stall window: {reading.spans_seconds:.0f} of {window:.0f} s",
+        )
+    if reading.motion is Motion.FLAT:
+        return Diagnosis(
+            verdict=Verdict.STALLED,
+            summary=f"no new {what}, and nothing in its tree moved for {reading.quiet_seconds:.0f} s (a hang)",
+            evidence=[*facts, *evidence],
+            metrics=metrics,
+        )
+    if reading.motion is Motion.BLOCKED:
+        return Diagnosis(
+            verdict=Verdict.STALLED,
+            cause=Cause.BLOCKED,
+            summary=f"no new {what} for {reading.quiet_seconds:.0f} s: it waits on something alive outside its tree",
+            evidence=[*facts, *evidence],
+            metrics=metrics,
+        )
+    # GPU_SPIN: the stacks sampled since the host went still decide.
+    if activity is not None and activity.stacks_waiting:
+        return Diagnosis(
+            verdict=Verdict.STALLED,
+            summary=f"no new {what} for {reading.quiet_seconds:.0f} s: its GPUs spin while every stack waits (a hang)",
+            evidence=[*facts, "every thread of every sampled stack waits (a collective, a synchronize, a barrier, a lock)", *evidence],
+            metrics=metrics,
+        )
+    if activity is not None and activity.stacks_waiting is False:
+        return None  # its stacks compute: one long kernel, not a hang
+    if activity is not None and activity.stacks_unreadable and reading.quiet_seconds >= HANG_CEILING_FACTOR * window:
+        return Diagnosis(
+            verdict=Verdict.STALLED,
+            summary=f"no new {what} for {reading.quiet_seconds:.0f} s though its GPUs are busy",
+            evidence=[*facts, f"{HANG_CEILING_FACTOR:.0f} stall windows", "its stacks could not be sampled (py-spy)", *evidence],
+            metrics=metrics,
+        )
+    return Diagnosis(
+        verdict=holding,
+        summary=f"quiet for {reading.quiet_seconds:.0f} s with its GPUs busy: sampling its stacks",
+        evidence=[*facts, "computing, or spinning in a hang? its stacks decide", *evidence],
+        metrics=metrics,
+        watching="the tree's stacks",
+        want_stacks=True,
+    )
+
+
+def record_reading(snap: HealthSnapshot, t: Thresholds, window: float, gpu_indexes: list[int] | None) -> Reading | None:
+    """The progress record's reading of the window (None: the poll sent no record: the trainer is not alive)."""
+    if not snap.progress:
+        return None
+    return read_progress(snap.progress, window, t.progress_sample_seconds, gpu_indexes)
+
+
+def _paused(reading: Reading | None, metrics: Metrics, evidence: list[str]) -> Diagnosis | None:
+    if reading is None or reading.motion is not Motion.PAUSED:
+        return None
+    who = ", ".join(f"PID {pid}" for pid in reading.pids[:4])
+    return Diagnosis(
+        verdict=Verdict.PAUSED,
+        summary=f"paused by a person ({who} stopped by a signal): left as it is",
+        evidence=[*reading.evidence, *evidence],
+        metrics=metrics,
+    )
+
+
 def judge_alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, gpu_indexes: list[int] | None = None) -> Diagnosis:
     now = snap.seconds_since_launch or 0.0
     gpu_evidence = _gpu_evidence(snap, t, p, gpu_indexes)
     activity, window = run_activity(snap, p, t, metrics.last_step)
+    reading = record_reading(snap, t, window if metrics.steps_seen else t.stall_window_floor_seconds, gpu_indexes)
+    pause = _paused(reading, metrics, [*last_log_lines(snap, 1), *gpu_evidence])
+    if pause is not None:
+        return pause
     if metrics.steps_seen == 0:
-        return _starting_or_stalled(snap, t, p, metrics, gpu_evidence, activity)
+        return _starting_or_stalled(snap, t, p, metrics, gpu_evidence, activity, reading)
     stepped_at = p.step_changed_at if p.step_changed_at is not None else now
     since_step = now - stepped_at
     # A checkpoint written since the last step line, within the window, is a save in progress (a long torch.save
     # prints nothing): killing it mid-save leaves a half-written checkpoint to resume from.
     saved = p.checkpoint_written_at
     saving = saved is not None and saved > stepped_at and now - saved < window
-    if activity is not None:
-        # The run's own history decides (RUN/journal): step advances, writes and CPU between polls, never one look.
-        quiet = _quiet_verdict(snap, activity, window, metrics, "new step", [f"last step line: {_last_step_line(snap, t)}", *gpu_evidence])
+    stepped = activity is not None and activity.since_step_seconds is not None and activity.since_step_seconds < window
+    if reading is not None and reading.motion is not Motion.NO_RECORD and not stepped:
+        # The progress record decides (RUN/progress): what the whole tree did over the window, however long ago the
+        # quiet began; a step the journal saw advance within the window is progress whatever else stood still.
+        ev = [f"last step line: {_last_step_line(snap, t)}", *gpu_evidence]
+        quiet = _record_verdict(reading, activity, window, metrics, "step", ev)
         if quiet is not None:
             return quiet
-    elif since_step >= window and (snap.seconds_since_log_write or 0) >= min(window, since_step) and not saving:
+    elif activity is not None:
+        # The run's own history decides (RUN/journal): step advances, writes and CPU between polls, never one look.
+        ev = [*(reading.evidence if reading is not None else ()), f"last step line: {_last_step_line(snap, t)}", *gpu_evidence]
+        quiet = _quiet_verdict(snap, activity, window, metrics, "new step", ev)
+        if quiet is not None:
+            return quiet
+    elif reading is None and since_step >= window and (snap.seconds_since_log_write or 0) >= min(window, since_step) and not saving:
         ev = [
             f"no new step line for {since_step:.0f} s (stall window {window:.0f} s)",
             f"last step line: {_last_step_line(snap, t)}",
@@ -193,9 +288,32 @@ def judge_alive(snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metri
 
 
 def _starting_or_stalled(
-    snap: HealthSnapshot, t: Thresholds, p: Progress, metrics: Metrics, gpu_evidence: list[str], activity: Activity | None = None
+    snap: HealthSnapshot,
+    t: Thresholds,
+    p: Progress,
+    metrics: Metrics,
+    gpu_evidence: list[str],
+    activity: Activity | None = None,
+    reading: Reading | None = None,
 ) -> Diagnosis:
     now = snap.seconds_since_launch or 0.0
+    if reading is not None and reading.motion is not Motion.NO_RECORD and now >= t.startup_grace_seconds:
+        # Past its grace, a start-up is judged by what its whole tree did over the window, as a stepping run is.
+        quiet = _record_verdict(
+            reading, activity, t.stall_window_floor_seconds, metrics, "step line", [*last_log_lines(snap, 1), *gpu_evidence]
+        )
+        if quiet is not None:
+            return quiet
+        return Diagnosis(
+            verdict=Verdict.STARTING,
+            summary=f"starting for {now:.0f} s",
+            evidence=[
+                f"start-up is past its {t.startup_grace_seconds:.0f} s grace but still progressing",
+                *reading.evidence,
+                *gpu_evidence,
+            ],
+            metrics=metrics,
+        )
     if activity is not None and now >= t.startup_grace_seconds:
         # Past its grace, a start-up is judged as a stepping run is: by what its processes did over the window.
         quiet = _quiet_verdict(

@@ -54,6 +54,46 @@ class JournalStep(BaseModel):
     step: int
 
 
+class ProcessSample(BaseModel):
+    """One process of the run's tree in one sample of its progress record (relaunch/host/recorder.sh)."""
+
+    pid: int
+    state: str = Field(description="/proc/PID/stat's state: R running, S sleeping, D uninterruptible, T stopped, t traced, Z zombie.")
+    cpu_ticks: int = Field(description="utime+stime+cutime+cstime, clock ticks (USER_HZ, 100 a second).")
+    io_bytes: int = Field(description="rchar+wchar of /proc/PID/io: bytes read and written by its system calls (files, pipes, sockets).")
+    wchan: str = Field("0", description="Where in the kernel it waits (/proc/PID/wchan; 0: running, or not readable).")
+    comm: str = ""
+
+
+class LockWait(BaseModel):
+    """A process of the tree blocked on a file lock (flock, fcntl), and the process that holds it (/proc/locks)."""
+
+    waiter_pid: int
+    holder_pid: int
+    holder_comm: str = ""
+
+
+class GpuUse(BaseModel):
+    """One GPU in one sample: how busy, how full."""
+
+    index: int
+    utilization_percent: int
+    memory_used_mib: int
+    bus_id: str = ""
+
+
+class ProgressSample(BaseModel):
+    """One sample of the run's progress record: the host's own evidence at one moment."""
+
+    at_epoch: float = Field(description="Host clock.")
+    log_size_bytes: int = 0
+    processes: list[ProcessSample] = Field(default_factory=list)
+    lock_waits: list[LockWait] = Field(default_factory=list)
+    gpus: list[GpuUse] = Field(default_factory=list, description="Empty where the sample read no GPU (none, or not asked).")
+    gpu_apps: list[GpuApp] = Field(default_factory=list, description="GPU memory held by the tree's processes.")
+    gpu_app_buses: dict[int, str] = Field(default_factory=dict, description="PID -> bus id of the GPU its memory is on.")
+
+
 class HealthSnapshot(BaseModel):
     """Raw signals of one poll; nothing here is interpreted yet."""
 
@@ -132,6 +172,11 @@ class HealthSnapshot(BaseModel):
     stacks: str | None = Field(None, description="py-spy dumps of the tree's Python processes, where the poll was asked for them.")
     journal: list[JournalPoll] = Field(default_factory=list, description="The run's earlier polls, oldest first (this one last).")
     journal_steps: list[JournalStep] = Field(default_factory=list, description="The steps earlier polls read, oldest first.")
+    progress: list[ProgressSample] = Field(
+        default_factory=list,
+        description="The run's progress record (RUN/progress), thinned, oldest first, with a sample of the poll's own moment last; "
+        "empty where the trainer is not alive.",
+    )
     gpu_apps: list[GpuApp] = Field(default_factory=list, description="Processes holding GPU memory, while the trainer lives.")
     own_log: str | None = Field(
         None, description="A log of the trainer's own (a file its tree writes that looks like a log, not the recorded one)."

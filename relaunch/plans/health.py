@@ -8,7 +8,19 @@ from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.judging.hardware import parse_gpu_health
 from relaunch.judging.logtext import FAILURE_WORDS, clean_lines, number_or_none
-from relaunch.judging.snapshot import DiskFree, GpuApp, GpuSample, HealthSnapshot, JournalPoll, JournalStep, OpenWrite
+from relaunch.judging.snapshot import (
+    DiskFree,
+    GpuApp,
+    GpuSample,
+    GpuUse,
+    HealthSnapshot,
+    JournalPoll,
+    JournalStep,
+    LockWait,
+    OpenWrite,
+    ProcessSample,
+    ProgressSample,
+)
 from relaunch.runlayout import state_identity
 from relaunch.wire.commands import Command, script
 
@@ -47,6 +59,7 @@ def plan_snapshot(
     args += (target.repo_dir, target.launch_command)
     progress = wake_on_log_write and progress_wake_floor_seconds is not None
     args += (str(max(1, int(progress_wake_floor_seconds * 1000))) if progress else "0", PROGRESS_WORDS)
+    args += (f"{target.thresholds.progress_sample_seconds:g}",)
     return script(host_script("snapshot"), *args, label="health poll", timeout_seconds=wait_seconds + 60)
 
 
@@ -83,6 +96,7 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         "survivors": [],
         "own_log_tail": [],
         "gpu_apps": [],
+        "progress": [],
     }
     current: list[str] | None = None
     # Only \n separates the poll's own lines; a \r inside a log line is the log's business (clean_lines).
@@ -150,7 +164,38 @@ def parse_snapshot(stdout: str, host: str, nonce: str) -> HealthSnapshot:
         own_log=fields.get("own_log") or None,
         gpu_apps=parse_gpu_apps(sections["gpu_apps"]),
         own_log_tail=clean_lines("\n".join(sections["own_log_tail"]))[-TAIL_LINES:],
+        progress=parse_progress(sections["progress"]),
     )
+
+
+def parse_progress(lines: list[str]) -> list[ProgressSample]:
+    """RUN/progress (relaunch/host/recorder.sh): `@ EPOCH LOG_SIZE` opens a sample, `p`, `l`, `g` and `a` lines fill it;
+    a torn line (the recorder cut mid-write, a trim) is skipped, and samples come out in time order."""
+    samples: list[ProgressSample] = []
+    for line in lines:
+        f = line.split()
+        try:
+            if f[:1] == ["@"] and len(f) == 3:
+                samples.append(ProgressSample(at_epoch=float(f[1]), log_size_bytes=int(f[2])))
+            elif not samples:
+                continue
+            elif f[:1] == ["p"] and len(f) >= 6:
+                comm = f[6] if len(f) > 6 else ""
+                samples[-1].processes.append(
+                    ProcessSample(pid=int(f[1]), state=f[2], cpu_ticks=int(f[3]), io_bytes=int(f[4]), wchan=f[5], comm=comm)
+                )
+            elif f[:1] == ["l"] and len(f) >= 3:
+                samples[-1].lock_waits.append(LockWait(waiter_pid=int(f[1]), holder_pid=int(f[2]), holder_comm=" ".join(f[3:])))
+            elif f[:1] == ["g"] and len(f) >= 4:
+                bus = f[4] if len(f) > 4 else ""
+                samples[-1].gpus.append(GpuUse(index=int(f[1]), utilization_percent=int(f[2]), memory_used_mib=int(f[3]), bus_id=bus))
+            elif f[:1] == ["a"] and len(f) >= 3:
+                samples[-1].gpu_apps.append(GpuApp(pid=int(f[1]), used_memory_mib=int(f[2])))
+                if len(f) > 3:
+                    samples[-1].gpu_app_buses[int(f[1])] = f[3]
+        except ValueError:
+            continue
+    return sorted(samples, key=lambda s: s.at_epoch)
 
 
 def parse_gpu_apps(lines: list[str]) -> list[GpuApp]:

@@ -36,8 +36,14 @@ def plan_launch(target: Target, run_id: str, checkpoint: str | None) -> tuple[Co
     command = trainer_command(target, checkpoint)
     args = (target.state_path, target.tmux_session, run_id, log_path(target, run_id), SUPERVISOR, LAUNCHER, str(PID_WAIT_SECONDS))
     args += (target.venv_dir, target.inductor_cache_dir, checkpoint or "")
-    # launch.sh's arguments 11-13; the trainer's spec follows them.
-    args += (state_identity(target), target.legacy_state_path, target.checkpoint_dir or "", *trainer_spec(target, command))
+    # launch.sh's arguments 11-14; the trainer's spec follows them.
+    args += (
+        state_identity(target),
+        target.legacy_state_path,
+        target.checkpoint_dir or "",
+        f"{target.thresholds.progress_sample_seconds:g}",
+    )
+    args += tuple(trainer_spec(target, command))
     # Recorded while it runs, so a retry or the next recovery can tell a launch still under way from a lost one.
     launch = tracked(target, script(LAUNCH, *args, label="launch trainer in tmux", timeout_seconds=2 * PID_WAIT_SECONDS + 30))
     return launch, command
