@@ -6,13 +6,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency
 from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectNotFound
+from pydantic import Field
 
 from relaunch.config import Target
 from relaunch.deciding.decide import decide
@@ -156,8 +157,22 @@ def _stacks(target: Target, health: HealthResult) -> list[StepRecord]:
     return [f.result().model_copy(update={"node": nodes.node_of(k)}) for k, f in futures.items()]
 
 
+# Why a recovery the watch started leaves a target stopped on purpose (the attempt's `why`).
+LEFT_STOPPED = "stopped on purpose: the watch leaves it; `relaunch recover` starts it again"
+
+
 @flow(name="recover-training", flow_run_name="recover-{target.name}", log_prints=True, persist_result=True)
-def recover_training(target: Target, force: bool = False) -> Report:
+def recover_training(
+    target: Target,
+    force: bool = False,
+    handed_over: Annotated[
+        bool,
+        Field(
+            description="Started by the watch for a death it saw, not asked for by a person: a target found stopped on "
+            "purpose (`relaunch stop`, tmux kill-session) is left stopped, never relaunched."
+        ),
+    ] = False,
+) -> Report:
     """Diagnose the current run, then act on the verdict through the playbook until healthy or out of attempts.
 
     Ends Completed only when the target ends healthy, starting or finished (named Recovered when it acted); otherwise
@@ -171,7 +186,7 @@ def recover_training(target: Target, force: bool = False) -> Report:
     flow_run = str(run_ctx.flow_run.id) if run_ctx and run_ctx.flow_run else ""
     tag_flow_run(target)
     try:
-        report = _locked_recovery(target, force, report, flow_run)
+        report = _locked_recovery(target, force, report, flow_run, handed_over)
     except RelaunchError as exc:
         # A refusal (no checkpoint it may resume from, a preflight problem, another target's state folder, a step the
         # host refused) is an outcome: the report as far as it got, the escalation's event, a Failed state saying
@@ -192,14 +207,14 @@ def refused(report: Report, exc: RelaunchError) -> Report:
     return report
 
 
-def _locked_recovery(target: Target, force: bool, report: Report, flow_run: str) -> Report:
+def _locked_recovery(target: Target, force: bool, report: Report, flow_run: str, handed_over: bool = False) -> Report:
     """The recovery inside its preflight, host slot and target lock (a gang with nothing to do takes neither)."""
     with untagged_tasks():
         first = checked(target, 1) if target.nodes else None
         if first is not None and nothing_to_do(target, first, force):
             # A gang that is fine, or whose current launch has a node that cannot be reached with no way to run without
             # it, is neither prepared nor locked: nothing will be done on any node (relaunch.deciding.gang.gang_action).
-            report = _recover(target, force, report, flow_run, first)
+            report = _recover(target, force, report, flow_run, first, handed_over)
         else:
             # Every node that answers (a node that cannot be reached would fail the preflight; it is left out).
             nodes = indexed(target, nodes=None if first is None else [n.node for n in first.nodes if n.diagnosis is not None])
@@ -216,7 +231,7 @@ def _locked_recovery(target: Target, force: bool, report: Report, flow_run: str)
                         held.enter_context(host_slot(node))
                     held.enter_context(target_lock(node, flow_run))
                 report.preflight += each(stop_leftovers, nodes)
-                report = _recover(target, force, report, flow_run)
+                report = _recover(target, force, report, flow_run, handed_over=handed_over)
     return report
 
 
@@ -286,9 +301,16 @@ def host_limit_name(target: Target) -> str:
     return f"relaunch-host-{target.host.hostname}"
 
 
-def _recover(target: Target, force: bool, report: Report, flow_run: str = "", health: HealthResult | None = None) -> Report:
+def _recover(
+    target: Target, force: bool, report: Report, flow_run: str = "", health: HealthResult | None = None, handed_over: bool = False
+) -> Report:
     health = health or checked(target, 1)
     verdict = health.diagnosis.verdict
+    if verdict is Verdict.STOPPED and handed_over:
+        # The playbook relaunches a stopped target on the first attempt as a person's word (`relaunch recover`). A
+        # recovery the watch started is no one's word: a person stopped the target after the death the watch saw (or the
+        # death was the stop's own), so it stays stopped. Decided before the playbook, whatever it would say.
+        return _left_stopped(report, health)
     if verdict.is_fine() and verdict is not Verdict.STOPPED and not force:
         # Nothing will be launched, so nothing the last nights did can change what happens, and a night that needed
         # no recovery neither counts towards a storm nor ends one: two task runs (0.1-0.4 s each) saved on most checks.
@@ -377,6 +399,18 @@ def _attempts(
     final = report.attempts[-1]
     message = final.why if final.action is Action.ESCALATE else final.summary
     report.finish(message)
+    publish(report)
+    return report
+
+
+def _left_stopped(report: Report, health: HealthResult) -> Report:
+    """The report of a recovery that acts on nothing: one attempt, its verdict `stopped`, its action `none`. Nothing is
+    launched, so no night is recorded (as for a target found fine)."""
+    attempt = attempt_from(1, health, Action.NONE, LEFT_STOPPED)
+    report.attempts.append(attempt)
+    report.gpus = health.snapshot.gpus
+    log().info("attempt 1: %s -> %s (handed over by the watch: %s)", health.diagnosis.verdict.value, Action.NONE.value, LEFT_STOPPED)
+    report.finish(attempt.summary)
     publish(report)
     return report
 

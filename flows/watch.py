@@ -8,6 +8,10 @@ whatever the interval. A host slow to answer (one that hangs until its connect t
 The watch itself stops nothing and judges nothing: a death it sees starts the recover-training flow, whose full check,
 locks and never-harm rules decide what happens, exactly as for `relaunch recover`. What it sees is also a Prefect
 event (`relaunch.trainer.died`, `relaunch.host.unreachable`), for the UI and for automations.
+
+A death is never lost to the Prefect API: a handover the API cannot take (the record of it, or the recovery, failing
+because the API does not answer) is retried with backoff until it answers, said once per death. A target stopped on
+purpose is never relaunched by a recovery the watch started (recover_training's `handed_over`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
+import httpx
 from prefect import flow
 from pydantic import Field
 
@@ -38,6 +43,21 @@ from relaunch.wire.transport import run, transport_for
 
 # As the fleet's default: hosts that stopped answering within this many minutes of each other are one incident.
 INCIDENT_WINDOW_MINUTES = 10.0
+# A handover the Prefect API could not take is tried again after this long, the wait doubling up to the cap: a server
+# restart (seconds) is caught within seconds, an outage of hours costs one request a minute.
+RETRY_FIRST_SECONDS = 2.0
+RETRY_MAX_SECONDS = 60.0
+
+
+@dataclass
+class Owed:
+    """A death seen and not yet handed over for good: its recovery has not started, or the API failed it."""
+
+    pulse: Pulse
+    recorded: bool = False  # the handover is in its Prefect Variable, or the API answered a refusal: not written again
+    delay: float = RETRY_FIRST_SECONDS  # the wait before the next try, once one failed
+    due: float = 0.0  # when it is tried again (monotonic)
+    said: bool = False  # that the API does not answer was said, for this death
 
 
 @dataclass
@@ -55,6 +75,7 @@ class Watched:
     looked_at: float = 0.0  # when the look out (or the last) was sent (monotonic)
     looks: int = 0  # looks judged
     last: Seen | None = None
+    owed: Owed | None = None  # a death whose handover is not done yet (retried while the API does not answer)
 
 
 def look(target: Target, hold_seconds: float = 0.0) -> Pulse:
@@ -62,12 +83,35 @@ def look(target: Target, hold_seconds: float = 0.0) -> Pulse:
 
 
 def _recover(target: Target) -> Report:
-    """The recovery as `relaunch recover` runs it: tagged with its target and host, its report whether it Completed or
-    ended Failed (an escalation)."""
+    """The recovery as `relaunch recover` runs it, handed over: a target found stopped on purpose is left stopped (the
+    death the watch saw was the stop's own, or a person stopped it since). Tagged with its target and host, its report
+    whether it Completed or ended Failed (an escalation)."""
     from prefect import tags
 
     with tags(*run_tags(target)):
-        return report_of(recover_training(target=target, return_state=True))
+        return report_of(recover_training(target=target, handed_over=True, return_state=True))
+
+
+def api_unreachable(exc: BaseException) -> bool:
+    """Whether EXC is the Prefect API not answering, rather than a failure it answered with or a bug: a connection
+    refused, reset or timed out, or a proxy before it saying so (502/503/504), anywhere in what raised it (Prefect's
+    `Failed to reach API` wraps the connection's error). Such a handover is retried; any other failure is said."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, httpx.TransportError):
+            return True
+        if isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code in (502, 503, 504):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def api_url() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value() or "(none configured)"
 
 
 class Watch:
@@ -121,6 +165,7 @@ class Watch:
         """A look at every target with no look or recovery out, all at once; the looks back within `wait_seconds` are
         judged (a death starts its recovery), the rest stay out for a later round."""
         self.reload()
+        self._retry()
         for w in self.watched.values():
             if w.recovery is None and w.looking is None:
                 w.looking, w.slow = self.pool.submit(look, w.target), False
@@ -182,19 +227,60 @@ class Watch:
         w.last = now
         if not hand_over(pulse, w.handled):
             return
-        w.handled = pulse.run_id
-        try:
-            write_handed(w.target, str(pulse.run_id))
-        except Exception as exc:  # noqa: BLE001 - the recovery matters more than the record of it
-            self.say(
-                f"{w.target.name}: could not record the handover ({type(exc).__name__}: {exc}); a restarted watch may hand it over again"
-            )
+        # Handled from here on: a later look at the same death hands nothing over; a handover the API cannot take is
+        # owed, and retried by itself (_retry).
+        w.handled, w.owed = pulse.run_id, Owed(pulse)
         code = "none recorded" if pulse.exit_code is None else str(pulse.exit_code)
         self.say(
             f"{w.target.name}: the trainer of run {pulse.run_id} (PID {pulse.pid}) died, exit code {code}: recover-training starts now"
         )
         emit("relaunch.trainer.died", w.target, None, {"exit_code": pulse.exit_code}, run_id=pulse.run_id, exit_code=pulse.exit_code)
-        w.recovery = self.pool.submit(_recover, w.target)
+        self._hand_over(w)
+
+    def _hand_over(self, w: Watched) -> None:
+        """The owed death's handover, in a worker thread: a Prefect API that hangs holds no look at any target."""
+        assert w.owed is not None
+        w.recovery = self.pool.submit(self._record_and_recover, w.target, w.owed)
+
+    def _record_and_recover(self, target: Target, owed: Owed) -> Report:
+        """The handover's record first (a restarted watch does not hand the death over again), then the recovery. An API
+        that does not answer raises here, before the recovery, and _recovered defers both: a recovery started without
+        the record would fail the same way."""
+        if not owed.recorded:
+            try:
+                write_handed(target, str(owed.pulse.run_id))
+            except Exception as exc:  # noqa: BLE001 - the recovery matters more than the record of it
+                if api_unreachable(exc):
+                    raise
+                self.say(
+                    f"{target.name}: could not record the handover ({type(exc).__name__}: {exc}); a restarted watch may hand it over again"
+                )
+            else:
+                if owed.said:
+                    self.say(f"{target.name}: the Prefect API answers again: the recovery of run {owed.pulse.run_id} starts now")
+            owed.recorded = True
+        return _recover(target)
+
+    def _defer(self, w: Watched, exc: BaseException) -> None:
+        """The owed handover tried again after its backoff; that the API does not answer is said once per death."""
+        owed = w.owed
+        assert owed is not None
+        if not owed.said:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self.say(
+                f"{w.target.name}: the Prefect API at {api_url()} does not answer ({first}): the recovery of run "
+                f"{owed.pulse.run_id} is retried, after {RETRY_FIRST_SECONDS:g} s and then at waits doubling up to {RETRY_MAX_SECONDS:g} s, until it does"
+            )
+            owed.said = True
+        owed.due = time.monotonic() + owed.delay
+        owed.delay = min(owed.delay * 2, RETRY_MAX_SECONDS)
+
+    def _retry(self) -> None:
+        """Each owed handover whose backoff is over, tried again."""
+        now = time.monotonic()
+        for w in self.watched.values():
+            if w.owed is not None and w.recovery is None and now >= w.owed.due:
+                self._hand_over(w)
 
     def _recovered(self, w: Watched) -> None:
         future, w.recovery = w.recovery, None
@@ -202,30 +288,43 @@ class Watch:
         try:
             report = future.result()
         except Exception as exc:  # noqa: BLE001 - one target's failed recovery is said; the watch goes on for the others
+            if w.owed is not None and api_unreachable(exc):
+                # No recovery ran, or one was cut off from the API: tried again, its full check judging afresh.
+                self._defer(w, exc)
+                return
+            w.owed = None
             self.say(f"{w.target.name}: the recovery failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             return
+        w.owed = None
         self.say(f"{w.target.name}: recovery ended {report.headline()}")
         w.last = None  # the next look is said, whatever it is
 
     def run(self, interval_seconds: float, rounds: int | None = None) -> None:
         """Until stopped (or each target's `rounds` looks are judged): one look out per target without a recovery, held
         on its host up to `interval_seconds`, sent at most once per interval; each judged as it returns. Files are
-        re-read every interval."""
+        re-read every interval. A handover the API could not take is tried again as its backoff ends, also past the last
+        round: the watch ends once none is owed."""
         reloaded = float("-inf")
         while not self.stopping.is_set():
             now = time.monotonic()
             if now - reloaded >= interval_seconds:
                 self.reload()
                 reloaded = now
+            self._retry()
             for w in self.watched.values():
                 due = w.recovery is None and w.looking is None and now >= w.looked_at + interval_seconds
                 if due and (rounds is None or w.looks < rounds):
                     w.looking, w.slow, w.looked_at = self.pool.submit(look, w.target, interval_seconds), False, now
             out = [f for w in self.watched.values() for f in (w.looking, w.recovery) if f is not None]
-            if rounds is not None and not out and all(w.looks >= rounds for w in self.watched.values()):
+            owed = any(w.owed is not None for w in self.watched.values())
+            if rounds is not None and not out and not owed and all(w.looks >= rounds for w in self.watched.values()):
                 break
-            # Woken by the first look or recovery to end; at least once a second for a stop, every interval for the files.
-            wait(out, timeout=min(1.0, interval_seconds), return_when=FIRST_COMPLETED)
+            # Woken by the first look or recovery to end; at least once a second for a stop, an owed handover's backoff,
+            # and every interval for the files.
+            if out:
+                wait(out, timeout=min(1.0, interval_seconds), return_when=FIRST_COMPLETED)
+            else:
+                self.stopping.wait(min(1.0, interval_seconds))
             for w in self.watched.values():
                 if w.looking is not None and w.looking.done():
                     self._looked(w)
@@ -247,8 +346,15 @@ class Watch:
         for w in self.watched.values():
             if w.recovery is not None:
                 self.say(f"{w.target.name}: waiting for its recovery to end")
-                w.recovery.result()
+                wait([w.recovery])  # what it raised is _recovered's to read
                 self._recovered(w)
+            if w.owed is not None:
+                # Stopped while the API did not answer: what brings this death back is said, never dropped in silence.
+                again = "a restarted watch hands it over" if not w.owed.recorded else "`relaunch recover` on its target file recovers it"
+                self.say(
+                    f"{w.target.name}: the watch ends with the recovery of run {w.owed.pulse.run_id} not done (the Prefect API did "
+                    f"not answer): {again}"
+                )
         # A look still out ends by its own timeouts (connect, command); nothing waits on what it would say.
         self.pool.shutdown(wait=False, cancel_futures=True)
 

@@ -62,6 +62,7 @@ CONTENT = "tests/test_checkpoint_content.py"
 CHOICE = "tests/test_checkpoint_choice.py"
 GAPS = "tests/test_never_harm_gaps.py"
 ROOTS = "tests/test_root_cause_rules.py"
+HANDOVER = "tests/test_watch_handover.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---- issue 36: judging a live run from evidence ----------------------------------------------------------------
@@ -494,6 +495,51 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             "tests/test_misread_faces.py::test_a_monitored_barrier_that_timed_out_is_a_distributed_failure_naming_the_ranks_that_never_arrived",
             "tests/test_misread_faces.py::test_the_ranks_named_are_those_that_never_arrived_whatever_their_numbers_and_the_timeout",
+        ),
+    ),
+    # ---- issue 50: a person's stop is never undone by the watch; a death is never lost to an API that is down -------
+    Mutant(
+        name="stop-recorded-first",
+        mechanism="a person's stop is on record before its first signal",
+        file="relaunch/host/stop.sh",
+        old='if [ "$mode" = deliberate ] && { [ -n "$had_state" ] || [ ${#order[@]} -gt 0 ]; }; then\n',
+        new="if false; then\n",
+        what="no record before the SIGTERM",
+        tests=(
+            f"{HANDOVER}::test_a_persons_stop_is_on_record_before_its_trainer_hears_the_first_signal",
+            f"{HANDOVER}::test_a_persons_stop_under_the_running_watch_is_never_undone_however_often_it_is_made[quiet]",
+        ),
+    ),
+    Mutant(
+        name="stop-read-last",
+        mechanism="the watch's look reads a person's stop after the trainer's liveness and exit record",
+        file="relaunch/host/pulse.sh",
+        old='alive "$pid" "$pstart" && ! dying "$pid" && pid_up=1\nalive "$spid" "$sstart" && sup_up=1\n'
+        'slurp exit_code "$run/exit_code"\n[ -e "$state/stopped" ] && echo "stopped 1"\n',
+        new='[ -e "$state/stopped" ] && echo "stopped 1"\nalive "$pid" "$pstart" && ! dying "$pid" && pid_up=1\n'
+        'alive "$spid" "$sstart" && sup_up=1\nslurp exit_code "$run/exit_code"\n',
+        what="the stop read first (as before)",
+        tests=(f"{HANDOVER}::test_a_look_that_reads_a_death_reads_a_stop_recorded_while_it_looked",),
+    ),
+    Mutant(
+        name="watch-leaves-stopped",
+        mechanism="a recovery the watch started leaves a target stopped on purpose stopped",
+        file="flows/recover.py",
+        old="    if verdict is Verdict.STOPPED and handed_over:\n",
+        new="    if False:\n",
+        what="a handed-over stopped target goes to the playbook",
+        tests=(f"{HANDOVER}::test_a_recovery_the_watch_starts_leaves_a_target_stopped_on_purpose_stopped",),
+    ),
+    Mutant(
+        name="handover-retried",
+        mechanism="a handover the Prefect API could not take is retried with backoff until it answers",
+        file="flows/watch.py",
+        old="            if w.owed is not None and w.recovery is None and now >= w.owed.due:\n",
+        new="            if False:\n",
+        what="an owed handover never tried again",
+        tests=(
+            f"{HANDOVER}::test_a_recovery_the_api_failed_is_tried_again_until_it_runs_and_the_death_is_handed_over_once",
+            f"{HANDOVER}::test_a_death_while_the_prefect_api_is_down_is_recovered_once_it_answers_again_and_said_once",
         ),
     ),
 )

@@ -2,15 +2,14 @@
 # shellcheck shell=bash
 # The watch's round (`relaunch watch`): only what is cheap to read of the current run: whose the state folder is, the
 # run on record, whether its trainer and its supervisor live (recorded PID and start time), its exit record, and a
-# person's stop. No log, no process table, no GPU: the full check reads those once something changed.
+# person's stop, read last. No log, no process table, no GPU: the full check reads those once something changed.
 # shellcheck source=lib.sh
 . ./lib.sh
 state=$1 identity=$2 hold_ms=${3:-0}
 if owner=$(foreign_state "$state" "$identity"); then echo "foreign $owner"; exit 0; fi
 run_id=$(current_run "$state") || run_id=''
 echo "run_id $run_id"
-[ -e "$state/stopped" ] && echo "stopped 1"
-[ -n "$run_id" ] || exit 0
+if [ -z "$run_id" ]; then [ -e "$state/stopped" ] && echo "stopped 1"; exit 0; fi
 run=$(run_folder "$state" "$run_id")
 pid='' pstart='' spid='' sstart='' exit_code=''
 read_pid "$run/pid" pid pstart
@@ -25,13 +24,16 @@ now_us t; end=$(( t + hold_ms * 1000 ))
 while [ "$t" -lt "$end" ] && [ ! -e "$run/exit_code" ] && [ ! -e "$state/stopped" ] && { alive "$pid" "$pstart" || alive "$spid" "$sstart"; }; do
   nap 0.2; now_us t
 done
-[ "$hold_ms" -gt 0 ] && [ -e "$state/stopped" ] && echo "stopped 1"
 # Liveness before the exit record (as snapshot.sh): a supervisor ending between the two reads no death without a code.
-pid_up=0 sup_up=0
+# A person's stop last, after both: a stop is recorded before its first signal (stop.sh), so a death this look reports
+# comes with the stop that caused it, and the watch hands no stop over as a death. Read first, a stop made between the
+# reads would leave its SIGTERM's death (143) looking like a crash.
 # A process on its way out (a zombie not yet reaped, a SIGKILL pending) is read as gone: it trains no more.
+pid_up=0 sup_up=0
 alive "$pid" "$pstart" && ! dying "$pid" && pid_up=1
 alive "$spid" "$sstart" && sup_up=1
 slurp exit_code "$run/exit_code"
+[ -e "$state/stopped" ] && echo "stopped 1"
 echo "pid $pid"
 echo "pid_alive $pid_up"
 echo "supervisor_alive $sup_up"

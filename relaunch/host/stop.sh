@@ -5,8 +5,9 @@
 # target's marker, the log writer, and the run's own tmux pane. One SIGTERM per process, GRACE seconds to save
 # and exit, then SIGKILL for the survivors; a survivor of SIGKILL is named and the exit is 3.
 #   $1 STATE  $2 SESSION  $3 GRACE (seconds, may be fractional)
-#   $4 `deliberate` (a person's `relaunch stop`: STATE/stopped is written once the stop succeeded, so the nightly
-#      check leaves the target stopped) or `recovery` (a recovery's own stop step: no mark)
+#   $4 `deliberate` (a person's `relaunch stop`: STATE/stopped is written before the first signal, so the nightly
+#      check and the watch leave the target stopped, also if the stop then fails) or `recovery` (a recovery's own
+#      stop step: no mark)
 # Other panes of the session, and a session that holds nothing relaunch started, are left running and said.
 # shellcheck source=lib.sh
 . ./lib.sh
@@ -129,6 +130,20 @@ term() {
 us_of() { awk -v s="$1" 'BEGIN { printf "%d", s * 1000000 }'; }
 # FILE=the host's epoch time in seconds, with microseconds (what Python's float() reads), atomically.
 stamp() { local us; now_us us; printf '%d.%06d\n' "$((us / 1000000))" "$((us % 1000000))" > "$1.tmp" && mv -f "$1.tmp" "$1"; }
+# A person's stop is on record before its first signal: the trainer's death of that SIGTERM (143) is seen by the watch
+# the moment its exit is recorded, and a death seen before the stop's record would be handed to recovery as a death, and
+# relaunched. Recorded once there is a target here (state, or a process of it): a stop of a target never launched here
+# writes nothing. A stop that then fails (a survivor of SIGKILL, GPUs held) keeps it: a person asked for the stop.
+recorded=''
+if [ "$mode" = deliberate ] && { [ -n "$had_state" ] || [ ${#order[@]} -gt 0 ]; }; then
+  mkdir -p "$state" && rm -f -- "$state/stopped_how" && stamp "$state/stopped" && recorded=1 \
+    && echo "recorded a deliberate stop in $state/stopped: checks and the watch leave the target stopped until \`relaunch recover\`"
+fi
+# Said where a failed stop ends: the record stands, so nothing relaunches what a person is still stopping by hand.
+kept() {
+  [ -n "$recorded" ] && echo "the deliberate stop stays recorded ($state/stopped): checks and the watch leave the target stopped; once its processes are gone, \`relaunch recover\` starts it again"
+  return 0
+}
 if [ ${#order[@]} -gt 0 ]; then
   # The first stop of a run keeps its time: a checkpoint begun after it may have been cut short by a later SIGKILL.
   [ -n "$run" ] && [ ! -e "$run/stop_term_at" ] && stamp "$run/stop_term_at"
@@ -196,6 +211,7 @@ fi
 if [ ${#survivors[@]} -gt 0 ]; then
   for p in "${survivors[@]}"; do echo "could not stop $p ($(comm_of "$p")): alive after SIGKILL"; done
   echo "could not stop: ${survivors[*]}; what to do: look at them (ps -o stat,wchan -p PID: D is a process stuck in the kernel, often a GPU driver) and end them by hand"
+  kept
   exit 3
 fi
 
@@ -230,10 +246,6 @@ if command -v nvidia-smi > /dev/null 2>&1 && [ ${#order[@]} -gt 0 ]; then
     busy=0; for p in "${order[@]}"; do grep -qx "$p" <<< "$held" && busy=1; done
     [ "$busy" = 0 ] && break; sleep 0.5
   done
-  [ "$busy" = 0 ] || { echo "GPU memory still held by ${order[*]} 60 s after they exited; what to do: nvidia-smi shows who holds it"; exit 4; }
-fi
-if [ "$mode" = deliberate ] && { [ -n "$had_state" ] || [ ${#order[@]} -gt 0 ]; }; then
-  mkdir -p "$state" && rm -f -- "$state/stopped_how" && stamp "$state/stopped" \
-    && echo "recorded a deliberate stop in $state/stopped: checks leave the target stopped until \`relaunch recover\`"
+  [ "$busy" = 0 ] || { echo "GPU memory still held by ${order[*]} 60 s after they exited; what to do: nvidia-smi shows who holds it"; kept; exit 4; }
 fi
 echo "stopped (${#order[@]} process(es))"

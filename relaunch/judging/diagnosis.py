@@ -158,8 +158,8 @@ def _unmanaged_or_stopped(snap: HealthSnapshot, metrics: Metrics) -> Diagnosis |
 
 def _died_before_its_session_ended(snap: HealthSnapshot) -> bool:
     """The session ended (a hangup recorded as a deliberate stop) after the trainer's exit was recorded: the session
-    ending did not stop it, its death did; the exit record wins. A person's `relaunch stop` is recorded after the
-    trainer it ended: that stop stands whatever the exit's time."""
+    ending did not stop it, its death did; the exit record wins. A person's `relaunch stop` (no stopped_how) is recorded
+    before its first signal, so before the exit it causes: that stop stands whatever the exit's time."""
     return bool(
         snap.stopped_how and snap.exit_at_epoch is not None and snap.stopped_at is not None and snap.exit_at_epoch < snap.stopped_at
     )
