@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +44,12 @@ elif shape == "fcntl":
 elif shape == "flock":
     f = open(os.environ["LOCK"], "w"); fcntl.flock(f, fcntl.LOCK_EX)
 elif shape == "fifo":
-    open(os.environ["FIFO"]).read()
+    once = os.environ.get("HANG_ONCE")
+    if not once or not os.path.exists(once):
+        once and open(once, "w").close()
+        open(os.environ["FIFO"]).read()
+    while True:  # the relaunched run steps on
+        step += 1; print(f"step={step} loss=3.6441 | (20.0Ktok/s)", flush=True); time.sleep(0.2)
 elif shape == "event":
     threading.Event().wait()
 elif shape == "saves":
@@ -247,3 +253,48 @@ def test_a_stop_of_a_paused_trainer_continues_it_so_it_saves_on_its_sigterm_with
     record = stop.fn(t, deliberate=True)
     assert saved.exists(), "the paused trainer never ran its SIGTERM handler: it was SIGKILLed with the TERM pending"
     assert record.seconds < 15, f"the stop waited {record.seconds:.1f} s: the grace ran out on a stopped process"
+
+
+def test_the_watch_hands_a_hang_to_recovery_by_itself_within_the_window_and_the_relaunched_run_steps(made, tmp_path, prefect_harness):
+    from relaunch.flows.watch import Watch
+    from relaunch.judging.watching import Seen
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    t, ready = shaped(made, tmp_path, "fifo", FIFO=str(fifo), HANG_ONCE=str(tmp_path / "hung-once"))
+    hung_at = ready.stat().st_mtime
+    first = (Path(t.state_path) / "current").read_text().strip()
+    said: list[tuple[float, str]] = []
+    watch = Watch([], lambda line: said.append((time.time(), line)), targets=[t])
+    runner = threading.Thread(target=watch.run, args=(1.0,), daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: any("stands still" in line for _, line in said), 60, "the watch to hand the hang over")
+        handed = next(at for at, line in said if "stands still" in line)
+        wait_for(lambda: any("recovery ended" in line for _, line in said), 120, "the recovery to end")
+    finally:
+        watch.stopping.set()
+        runner.join(timeout=120)
+    assert handed - hung_at >= FLOOR_SECONDS, "handed over before a window of stillness"
+    assert handed - hung_at <= FLOOR_SECONDS + 5 + 2 * t.thresholds.progress_sample_seconds, f"{handed - hung_at:.1f} s after the hang"
+    now = (Path(t.state_path) / "current").read_text().strip()
+    assert now != first, [line for _, line in said]
+    assert watch.watched[t.name].last is not Seen.HUNG
+    wait_for(lambda: check_health.fn(t).diagnosis.verdict is Verdict.HEALTHY, 60, "the relaunched run to step")
+
+
+@pytest.mark.parametrize("shape", ["pbkdf2", "sleep"])
+def test_the_watch_never_hands_over_a_working_or_a_paused_run(made, tmp_path, shape):
+    from relaunch.flows.watch import Watch
+
+    t, _ = shaped(made, tmp_path, shape)
+    pid, start = trainer_of(t)
+    if shape == "sleep":
+        os.kill(pid, signal.SIGSTOP)
+    said: list[str] = []
+    watch = Watch([], said.append, targets=[t])
+    watch.run(0.5, rounds=int(3 * FLOOR_SECONDS / 0.5))
+    assert not any("stands still" in line or "starts now" in line for line in said), said
+    assert start_time(pid) == start
+    if shape == "sleep":
+        os.kill(pid, signal.SIGCONT)

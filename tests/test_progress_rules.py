@@ -11,13 +11,15 @@ idle. The properties are what an expert at the host holds to (issue 50):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relaunch.judging.activity import IDLE_CORES
+from relaunch.judging.activity import IDLE_CORES, stack_sample
 from relaunch.judging.progress import GPU_BUSY_PERCENT, IO_IDLE_BYTES_PER_SECOND, Motion, read_progress
 from relaunch.judging.snapshot import GpuApp, GpuUse, LockWait, ProcessSample, ProgressSample
+from relaunch.plans.health import parse_progress
 
 EVERY = 1.0  # seconds between samples
 WINDOW = 10.0
@@ -177,3 +179,19 @@ def test_a_record_whose_recorder_stopped_says_so_and_leaves_the_judgement_to_the
     reading = read_progress([*samples[:-1], late], WINDOW, EVERY)
     assert reading.motion is Motion.NO_RECORD
     assert "stopped" in reading.evidence[0]
+
+
+GPU = Path(__file__).parent / "fixtures" / "logs" / "gpu"
+
+
+def test_the_captured_h100_spinning_kernel_is_a_gpu_spin_whose_stack_waits_in_synchronize():
+    # A real record (tests/fixtures/logs/gpu/PROVENANCE.md): one host thread spinning in synchronize (its CPU rises a core
+    # a second), its GPU at 100 %, no I/O, no log. The CPU alone would say work; the GPU's spin over a still host asks
+    # the stacks, and the captured stack waits.
+    samples = parse_progress((GPU / "hang_spin_progress.txt").read_text().splitlines())
+    assert read_progress(samples, 20.0, 1.0).motion is Motion.GPU_SPIN
+    waiting, place = stack_sample((GPU / "hang_spin_stacks.txt").read_text())
+    assert waiting and "synchronize" in place
+    # The same record cut at its last step line (the log's last growth): work, never a spin.
+    last_step = max(i for i in range(1, len(samples)) if samples[i].log_size_bytes != samples[i - 1].log_size_bytes)
+    assert read_progress(samples[: last_step + 1], 5.0, 1.0).motion is Motion.WORKING

@@ -109,6 +109,7 @@ class Record:
     sample_seconds: float
     gpu_indexes: frozenset[int] | None
     rises: tuple[Rise, ...] = field(default=())
+    host_now_epoch: float | None = None  # the host's clock at the look, where its newest sample is not of that moment
 
     @property
     def now(self) -> float:
@@ -133,24 +134,24 @@ class Record:
 
 
 def read_progress(
-    samples: Sequence[ProgressSample], window_seconds: float, sample_seconds: float, gpu_indexes: Sequence[int] | None = None
+    samples: Sequence[ProgressSample],
+    window_seconds: float,
+    sample_seconds: float,
+    gpu_indexes: Sequence[int] | None = None,
+    host_now_epoch: float | None = None,
 ) -> Reading:
-    """The first rule that speaks (RULES, in order); `samples` oldest first, the newest the poll's own moment."""
+    """The first rule that speaks (RULES, in order); `samples` oldest first, the newest the poll's own moment (a health
+    poll's), or the recorder's last (a watch look's, which says the host's clock `host_now_epoch` beside it)."""
+    indexes = frozenset(gpu_indexes) if gpu_indexes is not None else None
+    gpus = [_tree_gpu_percent(b, indexes) for b in samples[1:]]
     record = Record(
         samples=samples,
         window_seconds=window_seconds,
         sample_seconds=sample_seconds,
-        gpu_indexes=frozenset(gpu_indexes) if gpu_indexes is not None else None,
+        gpu_indexes=indexes,
+        rises=tuple(_rise(a, b, g) for a, b, g in zip(samples, samples[1:], gpus)),
+        host_now_epoch=host_now_epoch,
     )
-    if len(samples) >= 2:
-        gpus = [_tree_gpu_percent(b, record.gpu_indexes) for b in samples[1:]]
-        record = Record(
-            samples=samples,
-            window_seconds=window_seconds,
-            sample_seconds=sample_seconds,
-            gpu_indexes=record.gpu_indexes,
-            rises=tuple(_rise(a, b, g) for a, b, g in zip(samples, samples[1:], gpus)),
-        )
     for rule in RULES:
         reading = rule(record)
         if reading is not None:
@@ -188,7 +189,10 @@ def no_record(record: Record) -> Reading | None:
     """No record to judge from, or one whose recorder stopped: the caller judges from its polls."""
     if len(record.samples) < 2:
         return Reading(motion=Motion.NO_RECORD, evidence=("no progress record of this run yet: judged from the polls' own history",))
-    gap = record.samples[-1].at_epoch - record.samples[-2].at_epoch
+    newest = record.samples[-1].at_epoch
+    gap = newest - record.samples[-2].at_epoch
+    if record.host_now_epoch is not None:
+        gap = max(gap, record.host_now_epoch - newest)
     if gap > max(STALE_FACTOR * record.sample_seconds, STALE_FLOOR_SECONDS):
         return Reading(
             motion=Motion.NO_RECORD,

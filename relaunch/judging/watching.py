@@ -8,9 +8,14 @@ never-harm rules hold as for any recovery. What is decided here is only whether 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 
 from pydantic import BaseModel, Field
+
+from relaunch.config import Thresholds
+from relaunch.judging.progress import Motion, Reading, read_progress
+from relaunch.judging.snapshot import ProgressSample
 
 
 class Seen(str, Enum):
@@ -20,18 +25,35 @@ class Seen(str, Enum):
     IDLE = "idle"  # nothing to watch: never launched, stopped by a person, or the state folder is another target's
     DYING = "dying"  # the trainer is gone and its supervisor is still recording its exit: look again next round
     DIED = "died"  # the trainer on record is gone, its exit recorded (or no one left to record it): hand it over
+    HUNG = "hung"  # the trainer lives, but its progress record stood still for the stall window's floor: hand it over
 
     def hands_over(self) -> bool:
         return self is Seen.DIED
 
 
-def seen(pulse: Pulse) -> Seen:
+# The record's readings the watch hands over as a hang: nothing in the tree moved (flat), it waits on something alive
+# outside it (blocked: the recovery escalates, naming it), or its GPUs spin over a still host (the recovery's check
+# samples the stacks before anything is stopped). The full check judges each again with its own window.
+HANDED_AS_HUNG = frozenset({Motion.FLAT, Motion.BLOCKED, Motion.GPU_SPIN})
+
+
+def stillness(pulse: Pulse, thresholds: Thresholds, gpu_indexes: Sequence[int] | None = None) -> Reading | None:
+    """The live run's progress record over the stall window's floor (None: no record came with the look)."""
+    if not pulse.pid_alive or not pulse.progress:
+        return None
+    floor = thresholds.stall_window_floor_seconds
+    return read_progress(pulse.progress, floor, thresholds.progress_sample_seconds, gpu_indexes, pulse.host_now_epoch)
+
+
+def seen(pulse: Pulse, thresholds: Thresholds | None = None, gpu_indexes: Sequence[int] | None = None) -> Seen:
     """The look read as the watch reads it. A death it hands over is judged again by the recovery's full check: a run
-    that finished, or one a person ends later, is left alone there."""
+    that finished, or one a person ends later, is left alone there. A live run is hung where its record says so over
+    the floor of its stall window (with `thresholds`); a pause (state T) is a person's, and no hang."""
     if pulse.foreign or pulse.run_id is None or pulse.stopped:
         return Seen.IDLE
     if pulse.pid_alive:
-        return Seen.RUNNING
+        reading = stillness(pulse, thresholds, gpu_indexes) if thresholds is not None else None
+        return Seen.HUNG if reading is not None and reading.motion in HANDED_AS_HUNG else Seen.RUNNING
     if pulse.exit_code is None and pulse.supervisor_alive:
         return Seen.DYING
     return Seen.DIED
@@ -54,3 +76,7 @@ class Pulse(BaseModel):
     exit_code: int | None = Field(None, description="The exit record, once the supervisor wrote it.")
     stopped: bool = Field(False, description="A person stopped the target (`relaunch stop`, or tmux kill-session).")
     foreign: str | None = Field(None, description="The state folder is another target's (its identity): never acted on.")
+    host_now_epoch: float | None = Field(None, description="The host's clock at the look (a live run's).")
+    progress: list[ProgressSample] = Field(
+        default_factory=list, description="A live run's progress record (RUN/progress), thinned, oldest first."
+    )

@@ -6,6 +6,7 @@ from relaunch.config import Target
 from relaunch.host import host_script
 from relaunch.judging.logtext import number_or_none
 from relaunch.judging.watching import Pulse
+from relaunch.plans.health import parse_progress
 from relaunch.runlayout import state_identity
 from relaunch.wire.commands import Command, script
 
@@ -18,14 +19,18 @@ def plan_pulse(target: Target, hold_seconds: float = 0.0) -> Command:
         target.state_path,
         state_identity(target),
         str(int(hold_seconds * 1000)),
+        f"{target.thresholds.progress_sample_seconds:g}",
         label="watch look",
         timeout_seconds=30 + hold_seconds,
     )
 
 
 def parse_pulse(stdout: str) -> Pulse:
+    """`KEY VALUE` lines, then, for a live run, `progress` and its record's lines to the end."""
     fields: dict[str, str] = {}
-    for line in stdout.splitlines():
+    lines = stdout.splitlines()
+    record = lines.index("progress") if "progress" in lines else len(lines)
+    for line in lines[:record]:
         key, _, value = line.partition(" ")
         fields[key] = value.strip()
     return Pulse(
@@ -36,4 +41,6 @@ def parse_pulse(stdout: str) -> Pulse:
         exit_code=number_or_none(fields.get("exit_code"), int),
         stopped=fields.get("stopped") == "1",
         foreign=fields.get("foreign") or None,
+        host_now_epoch=number_or_none(fields.get("now"), float),
+        progress=parse_progress(lines[record + 1 :]),
     )
