@@ -35,7 +35,7 @@ from relaunch.errors import RelaunchError
 from relaunch.flows.fleet import announce_incident
 from relaunch.flows.outcome import emit, report_of, run_tags
 from relaunch.flows.recover import recover_training
-from relaunch.judging.watching import Pulse, Seen, hand_over, seen
+from relaunch.judging.watching import Pulse, Seen, hand_over, seen, stillness
 from relaunch.plans.watch import parse_pulse, plan_pulse
 from relaunch.records.report import Report
 from relaunch.tasks.memory import read_handed, write_handed
@@ -61,6 +61,16 @@ class Owed:
 
 
 @dataclass
+class HangHanded:
+    """A live run handed over as hung: not handed over again before `due` (the wait doubling each time, while the
+    recovery's full check finds it is no hang: a long quiet wait the wider window allows, a GPU computing)."""
+
+    run_id: str
+    due: float  # monotonic
+    delay: float
+
+
+@dataclass
 class Watched:
     """One target as the watch keeps it between rounds."""
 
@@ -76,6 +86,7 @@ class Watched:
     looks: int = 0  # looks judged
     last: Seen | None = None
     owed: Owed | None = None  # a death whose handover is not done yet (retried while the API does not answer)
+    hang: HangHanded | None = None  # the live run last handed over as hung
 
 
 def look(target: Target, hold_seconds: float = 0.0) -> Pulse:
@@ -221,10 +232,13 @@ class Watch:
             announce_incident(incident, [w.target for w in down])
 
     def _judge(self, w: Watched, pulse: Pulse) -> None:
-        now = seen(pulse)
-        if now is not w.last and now is not Seen.DIED:
+        now = seen(pulse, w.target.thresholds)
+        if now is not w.last and now not in (Seen.DIED, Seen.HUNG):
             self.say(f"{w.target.name}: {now.value}" + (f" (run {pulse.run_id}, PID {pulse.pid})" if pulse.run_id else ""))
         w.last = now
+        if now is Seen.HUNG:
+            self._hung(w, pulse)
+            return
         if not hand_over(pulse, w.handled):
             return
         # Handled from here on: a later look at the same death hands nothing over; a handover the API cannot take is
@@ -235,6 +249,27 @@ class Watch:
             f"{w.target.name}: the trainer of run {pulse.run_id} (PID {pulse.pid}) died, exit code {code}: recover-training starts now"
         )
         emit("relaunch.trainer.died", w.target, None, {"exit_code": pulse.exit_code}, run_id=pulse.run_id, exit_code=pulse.exit_code)
+        self._hand_over(w)
+
+    def _hung(self, w: Watched, pulse: Pulse) -> None:
+        """A live run whose record stood still for the stall window's floor: handed to recovery, whose full check judges
+        it again (its stacks, its own window) before anything is stopped. Not recorded as a death handed over: that
+        run's later death is still handed over. Handed over again only after a backoff (the floor, doubling)."""
+        if w.recovery is not None or w.owed is not None or pulse.run_id is None:
+            return
+        clock, floor = time.monotonic(), w.target.thresholds.stall_window_floor_seconds
+        last = w.hang if w.hang is not None and w.hang.run_id == pulse.run_id else None
+        if last is not None and clock < last.due:
+            return
+        delay = min(last.delay * 2, 8 * floor) if last is not None else floor
+        w.hang = HangHanded(run_id=pulse.run_id, due=clock + delay, delay=delay)
+        reading = stillness(pulse, w.target.thresholds)
+        why = reading.evidence[0] if reading is not None and reading.evidence else "its progress record stands still"
+        self.say(
+            f"{w.target.name}: the trainer of run {pulse.run_id} (PID {pulse.pid}) lives but stands still ({why}): recover-training starts now"
+        )
+        emit("relaunch.trainer.hung", w.target, None, {"why": why}, run_id=pulse.run_id, motion=reading.motion.value if reading else None)
+        w.owed = Owed(pulse, recorded=True)
         self._hand_over(w)
 
     def _hand_over(self, w: Watched) -> None:

@@ -383,3 +383,14 @@ def test_a_death_while_the_prefect_api_is_down_is_recovered_once_it_answers_agai
                 watch.wait()
         reader.join(30)
         stop_all(target)
+
+
+def test_a_look_at_a_launch_whose_supervisor_has_not_recorded_a_pid_yet_is_no_death_until_a_launch_would_have_failed():
+    from relaunch.judging.watching import LAUNCH_SECONDS, Pulse, Seen, hand_over, seen
+
+    launch = Pulse(run_id="r2", pid=None, pid_alive=False, supervisor_alive=False, started_at_epoch=1000.0, host_now_epoch=1000.4)
+    assert seen(launch) is Seen.LAUNCHING and not hand_over(launch, "r1")
+    late = launch.model_copy(update={"host_now_epoch": 1000.0 + LAUNCH_SECONDS + 1})
+    assert seen(late) is Seen.DIED and hand_over(late, "r1"), "a launch that never recorded its trainer is a death to recover"
+    exited = launch.model_copy(update={"exit_code": 2})
+    assert seen(exited) is Seen.DIED, "a trainer that exited at once has its exit recorded: a death"

@@ -3,9 +3,13 @@
 # The watch's round (`relaunch watch`): only what is cheap to read of the current run: whose the state folder is, the
 # run on record, whether its trainer and its supervisor live (recorded PID and start time), its exit record, and a
 # person's stop, read last. No log, no process table, no GPU: the full check reads those once something changed.
+# A live run's progress record (recorder.sh) comes last, thinned: the watch finds a hang from it (no process table read
+# here: the recorder read it), and a run without a recorder gets one ($4: its sample interval; 0: none started).
 # shellcheck source=lib.sh
 . ./lib.sh
-state=$1 identity=$2 hold_ms=${3:-0}
+# shellcheck source=recorder.sh
+. ./recorder.sh
+state=$1 identity=$2 hold_ms=${3:-0} record_s=${4:-0}
 if owner=$(foreign_state "$state" "$identity"); then echo "foreign $owner"; exit 0; fi
 run_id=$(current_run "$state") || run_id=''
 echo "run_id $run_id"
@@ -38,3 +42,15 @@ echo "pid $pid"
 echo "pid_alive $pid_up"
 echo "supervisor_alive $sup_up"
 echo "exit_code $exit_code"
+# When the run was launched, and the host's clock: a run with no PID recorded yet is a launch under way (launch.sh waits
+# for the supervisor's record), not a death, for as long as a launch may take.
+started=''
+slurp started "$run/started_at"
+echo "started_at $started"
+now_us t
+echo "now ${t%??????}.${t: -6}"
+if [ "$pid_up" = 1 ]; then
+  [ "$record_s" != 0 ] && [ -w "$run" ] && start_recorder "$run" "$record_s"
+  echo "progress"
+  print_progress "$run"
+fi

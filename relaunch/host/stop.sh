@@ -123,9 +123,11 @@ done
 # --- One SIGTERM each, then the grace; processes born during it (or found marked since) get theirs once too.
 collect
 signalled=()
+# A process stopped by a signal (T: a person's SIGSTOP or Ctrl-Z) keeps a SIGTERM pending and never saves: it is
+# continued right after, as `kill -TERM PID; kill -CONT PID` by hand, so that it handles the TERM within the grace.
 term() {
   local p
-  for p in "$@"; do kill -TERM "$p" 2> /dev/null && signalled+=("$p"); done
+  for p in "$@"; do kill -TERM "$p" 2> /dev/null && signalled+=("$p") && kill -CONT "$p" 2> /dev/null; done
 }
 us_of() { awk -v s="$1" 'BEGIN { printf "%d", s * 1000000 }'; }
 # FILE=the host's epoch time in seconds, with microseconds (what Python's float() reads), atomically.

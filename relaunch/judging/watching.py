@@ -24,6 +24,7 @@ class Seen(str, Enum):
     RUNNING = "running"  # the trainer on record lives
     IDLE = "idle"  # nothing to watch: never launched, stopped by a person, or the state folder is another target's
     DYING = "dying"  # the trainer is gone and its supervisor is still recording its exit: look again next round
+    LAUNCHING = "launching"  # a launch under way: its run is current, its supervisor has not recorded a PID yet
     DIED = "died"  # the trainer on record is gone, its exit recorded (or no one left to record it): hand it over
     HUNG = "hung"  # the trainer lives, but its progress record stood still for the stall window's floor: hand it over
 
@@ -56,7 +57,21 @@ def seen(pulse: Pulse, thresholds: Thresholds | None = None, gpu_indexes: Sequen
         return Seen.HUNG if reading is not None and reading.motion in HANDED_AS_HUNG else Seen.RUNNING
     if pulse.exit_code is None and pulse.supervisor_alive:
         return Seen.DYING
+    if pulse.pid is None and pulse.exit_code is None and launching(pulse):
+        return Seen.LAUNCHING
     return Seen.DIED
+
+
+# How long after a run's start a look may find no PID recorded and read a launch under way: launch.sh waits up to 30 s
+# for the supervisor's record (plans/launch.py PID_WAIT_SECONDS), and fails the launch after; twice that, for a loaded host.
+LAUNCH_SECONDS = 60.0
+
+
+def launching(pulse: Pulse) -> bool:
+    """The run became current moments ago and its supervisor has recorded nothing yet: a launch, not a death."""
+    if pulse.started_at_epoch is None or pulse.host_now_epoch is None:
+        return False
+    return 0 <= pulse.host_now_epoch - pulse.started_at_epoch < LAUNCH_SECONDS
 
 
 def hand_over(pulse: Pulse, handled: str | None) -> bool:
@@ -76,7 +91,8 @@ class Pulse(BaseModel):
     exit_code: int | None = Field(None, description="The exit record, once the supervisor wrote it.")
     stopped: bool = Field(False, description="A person stopped the target (`relaunch stop`, or tmux kill-session).")
     foreign: str | None = Field(None, description="The state folder is another target's (its identity): never acted on.")
-    host_now_epoch: float | None = Field(None, description="The host's clock at the look (a live run's).")
+    host_now_epoch: float | None = Field(None, description="The host's clock at the look.")
+    started_at_epoch: float | None = Field(None, description="When the current run was launched (RUN/started_at), host clock.")
     progress: list[ProgressSample] = Field(
         default_factory=list, description="A live run's progress record (RUN/progress), thinned, oldest first."
     )

@@ -42,5 +42,6 @@ def parse_pulse(stdout: str) -> Pulse:
         stopped=fields.get("stopped") == "1",
         foreign=fields.get("foreign") or None,
         host_now_epoch=number_or_none(fields.get("now"), float),
+        started_at_epoch=number_or_none(fields.get("started_at"), float),
         progress=parse_progress(lines[record + 1 :]),
     )
