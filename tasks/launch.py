@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from relaunch.config import Target
-from relaunch.deciding.checkpoints import Choice, choose, read_listing
+from relaunch.deciding.checkpoints import Choice, choose
 from relaunch.errors import CheckpointUnusable
+from relaunch.plans.checkpoint_listing import read_listing
 from relaunch.plans.launch import plan_launch, plan_list_checkpoints
 from relaunch.runlayout import log_path, new_run_id
 from relaunch.steps import LaunchDetail, StepRecord

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from relaunch import runlayout
 from relaunch.config import Target
-from relaunch.deciding.checkpoints import Entry, RunFacts, choose, read_listing
+from relaunch.deciding.checkpoints import Entry, RunFacts, choose
 from relaunch.errors import CheckpointUnusable
+from relaunch.plans.checkpoint_listing import read_listing
 from relaunch.plans.launch import plan_list_checkpoints, trainer_command
 from relaunch.tasks.launch import describe, launch, pick_checkpoint
 from relaunch.tasks.stop import stop

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relaunch.config import Target
-from relaunch.deciding.checkpoints import Entry, EntryProbe, Probe, RunFacts, choose, judge_file, not_a_step, read_listing, step_of
+from relaunch.deciding.checkpoints import Entry, EntryProbe, Probe, RunFacts, choose, judge_file, not_a_step, step_of
+from relaunch.plans.checkpoint_listing import read_listing
 from relaunch.tasks.launch import describe, pick_checkpoint
 from relaunch.testing.faults import wait_for
 from tests.test_checkpoint_choice import base, listed, target  # noqa: F401 - the shared target fixtures and the host listing

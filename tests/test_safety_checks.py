@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from relaunch.config import Target
-from relaunch.deciding.checkpoints import Entry, choose, parse_listing, step_of
+from relaunch.deciding.checkpoints import Entry, choose, step_of
 from relaunch.deciding.playbook import redo_unfinished, steps_for
+from relaunch.plans.checkpoint_listing import read_listing
 from relaunch.plans.rebuild_venv import old_venvs_to_remove
 from relaunch.plans.warm_cache import CACHE_MARKER, foreign_entries, parse_aside
 from relaunch.vocabulary import Action
@@ -49,7 +50,7 @@ def test_the_choice_says_why_and_names_what_it_skipped():
 
 def test_an_empty_checkpoint_folder_is_never_resumed_from():
     listing = "d 1.0 N step_600\0d 2.0 E step_700\0"
-    assert choose(parse_listing(listing)).name == "step_600"
+    assert choose(read_listing(listing).entries).name == "step_600"
 
 
 def test_equal_steps_go_to_the_newest_and_refused_or_later_ones_are_skipped():
@@ -66,8 +67,8 @@ def test_equal_steps_go_to_the_newest_and_refused_or_later_ones_are_skipped():
 
 def test_a_listing_with_newlines_in_names_is_read_whole():
     listing = "d 1.0 N step_100\nstep_999\0d 2.0 N step_200\0"
-    assert [e.name for e in parse_listing(listing)] == ["step_100\nstep_999", "step_200"]
-    assert choose(parse_listing(listing)).name == "step_200"
+    assert [e.name for e in read_listing(listing).entries] == ["step_100\nstep_999", "step_200"]
+    assert choose(read_listing(listing).entries).name == "step_200"
 
 
 def test_pruning_picks_only_old_venvs_of_this_venv_beyond_the_newest_kept():

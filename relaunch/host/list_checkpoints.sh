@@ -2,8 +2,9 @@
 # shellcheck shell=bash
 # shellcheck source=lib.sh
 . ./lib.sh
-# List checkpoint_dir NUL-separated for relaunch/deciding/checkpoints.py, which makes the choice. $1 checkpoint_dir,
-# $2 the file of checkpoints recorded as failing to load, $3 one to record now (or ""), $4 the state folder.
+# List checkpoint_dir NUL-separated for relaunch/plans/checkpoint_listing.py to read; relaunch/deciding/checkpoints.py
+# makes the choice. $1 checkpoint_dir, $2 the file of checkpoints recorded as failing to load, $3 one to record now
+# (or ""), $4 the state folder.
 # Records (a name may hold anything but NUL and `/`):
 #   KIND MTIME E|N NAME  each entry (find's %y, its own mtime, Empty or Not)
 #   W NEWEST NAME        a folder's newest write: the newest mtime of anything in it, a few levels down
@@ -12,7 +13,7 @@
 #   S MTIME NAME         a checkpoint recorded as failing to load
 #   R KEY VALUE          the current run's records: when it started, when a stop signalled it, how it died
 #   P SIZE HEAD TAIL NAME[/PATH]  bytes of one of the newest entries, or of a file PATH inside one (HEAD and TAIL
-#                        base64, `-` for none): only gathered here, judged in Python (relaunch/deciding/checkpoints.py)
+#                        base64, `-` for none): only gathered here, judged in Python (relaunch/deciding/checkpoint_formats.py)
 #   T NAME               a probed folder holds more files than were listed
 # checkpoint_dir may be a symbolic link: it is followed (find -H), never listed as one empty link.
 dir=$1 skipfile=$2 refuse=$3 state=$4
