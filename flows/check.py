@@ -14,6 +14,7 @@ from relaunch.errors import RelaunchError
 from relaunch.flows.common import attempt_from, publish, publish_goodput
 from relaunch.flows.outcome import conclude, emit, report_of, tag_flow_run, untagged_tasks
 from relaunch.flows.recover import checked, recover_training
+from relaunch.judging.findings import Diagnosis
 from relaunch.records.report import Report
 
 
@@ -41,10 +42,12 @@ def check_training(target: Target, recover: bool = False) -> Report:
     action, why, _ = remedy(health.diagnosis)
     verdict = health.diagnosis.verdict
     act = recover and verdict.needs_recovery()
-    report.attempts.append(attempt_from(1, health, action, f"recovering through recover-training: {why}" if act else f"would do: {why}"))
+    report.attempts.append(
+        attempt_from(1, health, action, f"recovering through recover-training: {why}" if act else f"would do: {why}", acted=act)
+    )
     report.gpus = health.snapshot.gpus
     if not act:
-        report.finish(health.diagnosis.summary if verdict.is_fine() else f"{health.diagnosis.summary}; not asked to recover: {why}")
+        report.finish(not_recovered(health.diagnosis, why, recover))
         publish(report)
         publish_goodput(report)
         return conclude(report)  # type: ignore[return-value]
@@ -63,6 +66,18 @@ def check_training(target: Target, recover: bool = False) -> Report:
     publish(report)
     publish_goodput(report)
     return conclude(report)  # type: ignore[return-value]
+
+
+def not_recovered(diagnosis: Diagnosis, why: str, recover: bool) -> str:
+    """The message of a check that changed nothing: the summary alone for a fine run, and for a repo_dir that is not on
+    the host (no recovery could launch from it: what to do is the target file's, flows/outcome.py what_to_do); else that
+    nothing was done and why, then what a recovery would do."""
+    summary = diagnosis.summary
+    if diagnosis.verdict.is_fine() or diagnosis.repo_dir_missing:
+        return summary
+    if not recover:
+        return f"{summary}; nothing was done: not asked to recover (run `relaunch recover` or `check --recover`); would do: {why}"
+    return f"{summary}; nothing was done: {why}"
 
 
 def merge_recovery(report: Report, recovery: Report) -> Report:

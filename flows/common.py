@@ -15,7 +15,8 @@ from relaunch.tasks.health import HealthResult
 from relaunch.vocabulary import Action
 
 
-def attempt_from(number: int, health: HealthResult, action: Action, why: str) -> Attempt:
+def attempt_from(number: int, health: HealthResult, action: Action, why: str, acted: bool = True) -> Attempt:
+    """The attempt a health check makes; `acted` false: ACTION is only what would be done (nothing was)."""
     d = health.diagnosis
     return Attempt(
         number=number,
@@ -24,6 +25,7 @@ def attempt_from(number: int, health: HealthResult, action: Action, why: str) ->
         package=d.package,
         summary=d.summary,
         action=action,
+        acted=acted,
         why=why,
         evidence=d.evidence,
         metrics=d.metrics,

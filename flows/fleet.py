@@ -250,7 +250,9 @@ def _row_and_report(target: Target, result: HealthResult | BaseException, recove
     d = result.diagnosis
     action, why, _ = remedy(d)
     acting = recover and d.verdict.needs_recovery()
-    report.attempts.append(attempt_from(1, result, action, f"recovering through recover-training: {why}" if acting else f"would do: {why}"))
+    report.attempts.append(
+        attempt_from(1, result, action, f"recovering through recover-training: {why}" if acting else f"would do: {why}", acted=acting)
+    )
     report.gpus = result.snapshot.gpus
     report.finish(d.summary)
     row = FleetRow(

@@ -63,6 +63,10 @@ def what_to_do(report: Report, refused: RelaunchError | None = None) -> str:
     outcome = report.outcome()
     if outcome == "busy":
         return "wait for the recovery holding the target to end (its flow run is named in the lock's owner line)"
+    last = report.attempts[-1] if report.attempts else None
+    if refused is None and last is not None and last.repo_dir_missing and not last.acted:
+        # Nothing to recover from: no recovery could launch without the training code (its preflight would stop).
+        return f"fix repo_dir in the target file, or put the training code's checkout at {last.repo_dir_missing}"
     if outcome == "not recovered":
         return "recover it: run recover-training on the target (`relaunch recover TARGET.yaml`), or look at the report artifact first"
     if refused is not None:

@@ -18,7 +18,7 @@ from relaunch.config import Target
 from relaunch.errors import Result, is_transient
 from relaunch.tasks import secrets
 from relaunch.wire.commands import Command
-from relaunch.wire.transport import run, transport_for
+from relaunch.wire.transport import Advice, run, transport_for
 
 # Keys and passphrases in Secret blocks are read through Prefect, wherever a task reaches a host.
 secrets.install()
@@ -110,7 +110,7 @@ def outcome_of(result: Any) -> str:
     return "done"
 
 
-def execute(target: Target, command: Command, *, check: bool = True, advice: str = "") -> Result:
+def execute(target: Target, command: Command, *, check: bool = True, advice: Advice = "") -> Result:
     return run(transport_for(target.host), command, check=check, advice=advice)
 
 

@@ -12,19 +12,29 @@ from relaunch.steps import LaunchDetail, StepRecord
 from relaunch.tasks.common import execute, log, step_task, timed
 from relaunch.vocabulary import Step
 
-# What each of launch.sh's refusals means and what to do (its header lists the same exit codes).
-LAUNCH_ADVICE = (
-    "exit 10: the current run's trainer is alive (stop it or let it run); "
-    "11: a tmux session of this name exists (look at it: `tmux attach -t =SESSION`; end it, or rename tmux_session); "
-    "15/16: the venv or compile cache is half-built (run the recovery again: it rebuilds them); "
-    "17: another launch is under way; "
-    "18: a live process carries this target's marker, a trainer relaunch no longer records (stop the PIDs named, or adopt "
-    "the run); 19: a live process has files open under checkpoint_dir, e.g. a trainer started by hand (stop it first); "
-    "20: the state folder belongs to another target (give each target its own state_dir); "
-    "21: a live process runs the launch command's program in repo_dir, a trainer started by hand outside tmux or under "
-    "the target's old name (let it run, or stop it yourself and recover again); "
-    "12/13/14: a folder, tmux or the supervisor failed: see the output"
-)
+# What each of launch.sh's refusals means and what to do, by its exit code (its header lists the same codes): a refusal
+# says the advice for its own code only.
+LAUNCH_ADVICE: dict[int | None, str] = {
+    10: "the current run's trainer is alive: stop it (`relaunch stop`) or let it run",
+    11: "a tmux session of this name exists: look at it (`tmux attach -t =SESSION`); end it, or rename tmux_session",
+    12: "a folder could not be made: see the output",
+    13: "tmux could not start the session: see the output",
+    14: "the supervisor recorded no PID in time: see the output and the run's log",
+    15: "the venv is half-built: run the recovery again (it rebuilds it)",
+    16: "the compile cache is half-warmed: run the recovery again (it warms it anew)",
+    17: "another launch of this target is under way: let it finish, then check again",
+    18: "a live process carries this target's marker, a trainer relaunch no longer records: stop the PIDs named, or adopt the run",
+    19: "a live process has files open under checkpoint_dir, e.g. a trainer started by hand: stop it first",
+    20: "the state folder belongs to another target: give each target its own state_dir",
+    21: "a live process runs the launch command's program in repo_dir, a trainer started by hand outside tmux or under the "
+    "target's old name: let it run, or stop it yourself and recover again",
+    None: "see the output",
+}
+
+
+def launch_advice(target: Target) -> dict[int | None, str]:
+    """LAUNCH_ADVICE with the target's own tmux session named."""
+    return {code: text.replace("=SESSION", f"={target.tmux_session}") for code, text in LAUNCH_ADVICE.items()}
 
 
 def pick_checkpoint(target: Target, listing: str | None, before_step: int | None = None) -> Choice:
@@ -122,7 +132,7 @@ def launch(
             log().warning("%s: %s", target.name, describe(choice))
         checkpoint = f"{target.checkpoint_dir}/{choice.name}" if choice.name else None
         command, text = plan_launch(target, run_id, checkpoint)
-        out = execute(target, command, advice=LAUNCH_ADVICE).stdout.split()
+        out = execute(target, command, advice=launch_advice(target)).stdout.split()
         pid = int(out[0]) if out and out[0].isdigit() else None
         adopted = "adopted" in out
         if adopted:

@@ -61,13 +61,27 @@ def test_a_bad_target_file_exits_2_with_one_clean_line(home):
 
 
 def test_an_unexpected_error_is_one_line_and_exit_3_and_debug_shows_the_traceback(home, tmp_path):
+    import http.server
+    import threading
+
     target = write_target(shell_target(tmp_path / "t"), home / "target.yaml")
-    # A Prefect API that refuses connections: a real failure that is not relaunch's own error class.
-    plain = typed(["check", str(target)], home, PREFECT_API_URL="http://127.0.0.1:9/api")
-    assert plain.returncode == 3, plain.stderr
-    assert "relaunch: unexpected error:" in plain.stderr and "--debug" in plain.stderr and "Traceback" not in plain.stderr
-    debug = typed(["--debug", "check", str(target)], home, PREFECT_API_URL="http://127.0.0.1:9/api")
-    assert debug.returncode == 3 and "Traceback (most recent call last)" in debug.stderr
+    # A web server that is no Prefect API (404 for every path) where the API should be: a real failure that is not
+    # relaunch's own error class (Prefect's `RuntimeError: Failed to reach API`, over an HTTP 404), and no connection
+    # refused (a Prefect API that cannot be reached is said as that, exit 2: tests/test_plain_answers.py).
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(empty)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    api = f"http://127.0.0.1:{server.server_address[1]}/api"
+    try:
+        plain = typed(["check", str(target)], home, PREFECT_API_URL=api)
+        assert plain.returncode == 3, plain.stderr
+        assert "relaunch: unexpected error:" in plain.stderr and "--debug" in plain.stderr and "Traceback" not in plain.stderr
+        debug = typed(["--debug", "check", str(target)], home, PREFECT_API_URL=api)
+        assert debug.returncode == 3 and "Traceback (most recent call last)" in debug.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_check_stop_and_logs_work_as_typed_from_a_plain_shell(home, tmp_path):

@@ -149,5 +149,7 @@ def test_status_gives_the_verdict_since_its_first_report_in_an_unbroken_run_and_
         "93.1%",
     )
     table = render([r], now).splitlines()
-    assert table[0].split()[:3] == ["TARGET", "HOST", "VERDICT"] and "29h ago" in table[1] and "93.1%" in table[1]
+    assert (
+        table[0].split()[:5] == ["TARGET", "HOST", "NOW", "SINCE", "LAST"] and "healthy since 29h ago" in table[1] and "93.1%" in table[1]
+    )
     assert row(t, [], [], None, None).verdict is None and parse_report(now, "not a verdict: x").verdict is None

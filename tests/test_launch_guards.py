@@ -24,7 +24,7 @@ from relaunch.plans.launch import trainer_env
 from relaunch.plans.warm_cache import foreign_entries
 from relaunch.runlayout import state_identity
 from relaunch.tasks.health import collect_snapshot
-from relaunch.tasks.launch import launch
+from relaunch.tasks.launch import launch, launch_advice
 from relaunch.tasks.stop import stop
 from relaunch.testing.faults import kill_group, making, start_time, tmpfs, wait_for
 from relaunch.testing.targets import shell_target, tmux_alive
@@ -54,10 +54,15 @@ def environ(pid: int) -> dict[str, str]:
 
 
 def refused(target, code: int) -> CommandFailed:
-    """The launch task's failure with launch.sh's exit code `code`; nothing else counts as the refusal."""
+    """The launch task's failure with launch.sh's exit code `code`; nothing else counts as the refusal. Its one
+    "what to do" is the advice for that code, and no other code's."""
     with pytest.raises(CommandFailed) as info:
         launch.fn(target, 1)
     assert info.value.exit_code == code, str(info.value)
+    said = str(info.value)
+    assert said.count("what to do:") == 1 and said.endswith(launch_advice(target)[code]), said
+    others = [text for other, text in launch_advice(target).items() if other not in (code, None)]
+    assert not [text for text in others if text in said], f"exit {code}'s refusal also advises for other codes: {said}"
     return info.value
 
 
@@ -269,6 +274,7 @@ def test_launch_refuses_an_existing_tmux_session_and_leaves_its_program_running(
         start = start_time(pane)
         error = refused(t, 11)
         assert f"tmux session {t.tmux_session} exists" in str(error)
+        assert f"what to do: a tmux session of this name exists: look at it (`tmux attach -t ={t.tmux_session}`)" in str(error)
         assert start_time(pane) == start and tmux_alive(t.tmux_session), "the session's program was touched"
         assert not (Path(t.state_path) / "current").exists(), "a refused launch recorded a run"
     finally:

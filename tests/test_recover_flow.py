@@ -112,4 +112,5 @@ def test_check_training_reports_the_verdict_and_changes_nothing(tmp_path):
     assert state.is_failed() and "crashed" in state.message, "a sick run nobody was asked to recover is a failed check"
     assert report.attempts[0].verdict is Verdict.CRASHED
     assert report.attempts[0].action is Action.FULL_RECOVERY and report.attempts[0].why.startswith("would do")
+    assert report.attempts[0].acted is False and "-> would do full_recovery (nothing done)" in report.timeline()[0]
     assert len(list((Path(target.state_path) / "runs").iterdir())) == 1

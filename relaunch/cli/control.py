@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import typer
@@ -71,12 +72,15 @@ def status_command(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
 ) -> None:
-    """One line per target from the Prefect server's records: verdict and since when, the last recovery, last
-    night's goodput where a flow publishes it, the nightly schedule. Changes nothing, reaches no host."""
+    """One line per target: its run now, from one cheap look at its host (running, dead with its exit code and since
+    when, stopped, not launched, unreachable), beside the Prefect server's records: the last report, the last recovery,
+    last night's goodput where a flow publishes it, the nightly schedule. Without a Prefect API, what the hosts know.
+    Changes nothing. Exit 0 when every run is fine now (running, stopped, or ended with exit 0), else 1."""
     from datetime import UTC, datetime
 
-    from relaunch.cli.deploy import require_api
-    from relaunch.cli.status import gather, render
+    from relaunch.cli.root import ApiUnanswered, api_unanswered
+    from relaunch.cli.status import gather, look_all, render, row
+    from relaunch.cli.tempserver import API_ANSWER_SECONDS, api_health, configured_api_url
     from relaunch.config import load_targets, target_names, targets_folder
 
     with errors(as_json):
@@ -86,12 +90,37 @@ def status_command(
             targets = [load_target(name) for name in target_names()]
             if not targets:
                 raise ConfigError(f"no targets in {targets_folder()}: save target files there as NAME.yaml, or give a fleet file")
-        require_api("status", "a temporary server holds none of the verdicts your checks recorded")
-        rows = gather(targets)
-    if as_json:
-        print_json([r.model_dump(mode="json") for r in rows])
-    else:
-        print(render(rows, datetime.now(UTC)))
+        with ThreadPoolExecutor(max_workers=1) as hosts:
+            looking = hosts.submit(look_all, targets)  # the hosts are looked at while the server is read
+            url, down, rows = configured_api_url() or None, None, None
+            if url:
+                try:
+                    problem = api_health(url, API_ANSWER_SECONDS)
+                    if problem is not None:
+                        raise ApiUnanswered(url, problem.what, hung=problem.timed_out)
+                    rows = gather(targets)
+                except Exception as exc:  # noqa: BLE001 - only the API's own silence is kept for after the hosts' rows
+                    down = exc if isinstance(exc, ApiUnanswered) else api_unanswered(exc, url)
+                    if down is None:
+                        raise
+            nows = looking.result()
+        if rows is None:
+            rows = [row(t, [], [], None, None, now) for t, now in zip(targets, nows, strict=True)]
+        else:
+            rows = [r.model_copy(update={"now": now}) for r, now in zip(rows, nows, strict=True)]
+        if as_json and down is None:
+            print_json([r.model_dump(mode="json") for r in rows])
+        elif not as_json:
+            print(render(rows, datetime.now(UTC), records=down is None and url is not None))
+        if down is not None:
+            raise down
+    if url is None:
+        print(
+            "relaunch: no Prefect API is configured: NOW is from the hosts alone; the last reports, recoveries and "
+            "schedules are on your Prefect server (export PREFECT_API_URL=http://HOST:4200/api)",
+            file=sys.stderr,
+        )
+    raise typer.Exit(0 if all(r.now is not None and r.now.fine for r in rows) else 1)
 
 
 @app.command("services")

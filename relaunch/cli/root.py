@@ -20,7 +20,7 @@ from relaunch.errors import ConfigError, HostUnreachable, PreflightFailed, Relau
 EXIT_CODES = (
     "Exit codes: 0 healthy, starting or finished; 1 not healthy (escalated, out of attempts, a step failed, "
     "another recovery holds the target); 2 bad input (the target file, a preflight problem, a host that cannot be "
-    "reached: nothing ran there); "
+    "reached: nothing ran there; a Prefect API that cannot be reached); "
     "3 an unexpected error (run again with --debug for the traceback)."
 )
 
@@ -68,9 +68,68 @@ class NotReached(RelaunchError):
         super().__init__(str(error))
 
 
+class ApiUnanswered(RelaunchError):
+    """The Prefect API this command talks to cannot be reached (refused, no route, no such name, no connection in time),
+    or gave no answer in time (`hung`): said with its URL and how to start one or point at one. Exit 2; a hung one exit 3,
+    as the flow commands' check before any flow runs (relaunch/cli/tempserver.py, unanswered_api)."""
+
+    def __init__(self, url: str, what: str, hung: bool = False) -> None:
+        self.url, self.what, self.hung = url, what, hung
+        super().__init__(f"the Prefect API at {url} {what}\n  what to do: {api_advice()}")
+
+
+def api_advice() -> str:
+    """How to start a Prefect API or point at one: relaunch's own `serve` where this install has it, else `make serve`
+    in a clone; and where the URL in use is set."""
+    from relaunch.plans.doctor import api_advice as advice
+
+    names = {c.name or (c.callback.__name__.replace("_", "-") if c.callback else "") for c in app.registered_commands}
+    start = "`relaunch serve`" if "serve" in names else "`make serve` in a clone of relaunch"
+    return advice(start) + " (`prefect config view` shows where PREFECT_API_URL is set)"
+
+
+def api_unanswered(exc: BaseException, api_url: str | None = None) -> ApiUnanswered | None:
+    """EXC as the Prefect API not answering: a connection to it that could not be made (httpx's ConnectError or
+    ConnectTimeout, anywhere in what raised it: Prefect's `Failed to reach API at URL` wraps it). None for anything
+    else, and for a connection that failed to another URL than the API's (a webhook, an index)."""
+    if "httpx" not in sys.modules:
+        return None  # nothing has talked to an API
+    import httpx
+
+    api_url = api_url or _api_url()
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout)):
+            try:
+                asked = str(cause.request.url)
+            except RuntimeError:
+                asked = None  # no request attached: Prefect's client is what talks over httpx here
+            if api_url and asked and not asked.startswith(api_url.rstrip("/")):
+                return None
+            return ApiUnanswered(api_url or asked or "(unknown)", f"cannot be reached: {type(cause).__name__}: {cause}")
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _api_url() -> str | None:
+    """The API URL this process's Prefect talks to (the environment's, else Prefect's resolved settings)."""
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"]
+    if "prefect.settings" not in sys.modules:
+        return None
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
+
+
 def exit_code_of(exc: BaseException) -> int:
     """The exit code of one of relaunch's errors: 2 bad input (the target file, a preflight problem, a host that could
-    not be reached before anything ran there), 1 every other refusal or failure."""
+    not be reached before anything ran there, a Prefect API that cannot be reached), 1 every other refusal or failure;
+    3 for a Prefect API that never answered (as an unexpected error)."""
+    if isinstance(exc, ApiUnanswered):
+        return 3 if exc.hung else 2
     if isinstance(exc, (ConfigError, PreflightFailed, NotReached)):
         return 2
     if isinstance(exc, HostUnreachable) and exc.first_contact:
@@ -90,6 +149,8 @@ def error_json(exc: BaseException, code: int, message: str | None = None) -> dic
     found: dict[str, Any] = {"ok": False, "exit_code": code, "error": kind, "message": what, "what_to_do": advice or None}
     if isinstance(getattr(inner, "host", None), str):
         found["host"] = inner.host
+    if isinstance(inner, ApiUnanswered):
+        found["api_url"] = inner.url
     return found
 
 
@@ -117,6 +178,11 @@ def errors(as_json: bool = False) -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
     except Exception as exc:  # noqa: BLE001 - the one place an unexpected error becomes a line and exit 3
+        down = api_unanswered(exc)
+        if down is not None:  # the likeliest trouble at night, and no bug: said as what it is, for every command
+            if DEBUG["on"]:
+                traceback.print_exc()
+            raise fail(down, exit_code_of(down), f"relaunch: {down}") from None
         if DEBUG["on"]:
             traceback.print_exc()
         last = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]

@@ -1,7 +1,12 @@
-"""`relaunch status [FLEET.yaml]`: one line per target, from what the Prefect server already holds.
+"""`relaunch status [FLEET.yaml]`: one line per target: its run as it is now, from one cheap look at its host, beside
+what the Prefect server already holds.
 
 Per target (those of the fleet file, else every target in ~/.config/relaunch/targets):
 
+* now and since when: the watch's look (relaunch/plans/status.py): `running` since the run's launch (or adoption),
+  `dead` since its exit record was written (exit code named; since unknown where no exit was recorded), `stopped`
+  (a person's stop), `not launched`, `foreign` (the state folder is another target's), `unreachable` (the host, with
+  why). Fine: running, stopped, or an exit 0; the command exits 1 when a row is not fine;
 * verdict and since when: the newest report artifact (`check-training-NAME`, `recover-training-NAME`: each run
   publishes one, its description `VERDICT: message`), and the oldest report of the unbroken run of that verdict
   before it; a recovery breaks the run (it stopped what ran and launched again, after a person's stop too): its own
@@ -13,18 +18,24 @@ Per target (those of the fleet file, else every target in ~/.config/relaunch/tar
   that is a percentage (e.g. `93.1%`); `-` where there is neither;
 * nightly: the `check-training/nightly-NAME` deployment's schedule, `paused`, or `-` when not deployed.
 
-Rows are assembled by `row` from plain values, with no I/O; `gather` reads the server.
+Without a Prefect API configured, the rows hold only what the hosts know. Rows are assembled by `row` and `now_of` from
+plain values, with no I/O; `look_all` reads the hosts, `gather` the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from relaunch.config import Target
+from relaunch.errors import RelaunchError, TransportError
+from relaunch.judging.watching import Pulse
+from relaunch.plans.status import launched_at
 from relaunch.vocabulary import Verdict
 
 # The hook for goodput: any flow (or person) that publishes an artifact under this key for a target fills the column.
@@ -42,9 +53,124 @@ class Report(BaseModel):
     flow: str = Field("", description="The flow that published it (check-training, recover-training); empty: unknown.")
 
 
+class NowState(str, Enum):
+    """The run as one look at its host finds it."""
+
+    RUNNING = "running"  # the recorded trainer lives
+    EXITED = "exited"  # the trainer is gone with exit 0 (whether it finished, the last report or a check says)
+    DEAD = "dead"  # the trainer is gone: a non-zero exit, or none recorded
+    STOPPED = "stopped"  # a person stopped it (`relaunch stop`, tmux kill-session): left so until `relaunch recover`
+    NOT_LAUNCHED = "not launched"  # no run on record
+    FOREIGN = "foreign"  # the state folder is another target's
+    UNREACHABLE = "unreachable"  # the host could not be reached
+    UNKNOWN = "unknown"  # the host answered, but the look failed
+
+
+# The states that need no person: a run that runs, one a person stopped, one that ended with exit 0.
+FINE_NOW = frozenset({NowState.RUNNING, NowState.EXITED, NowState.STOPPED})
+
+
+class Now(BaseModel):
+    """The run as it is now, from one cheap look at its host (the watch's look)."""
+
+    state: NowState
+    since: datetime | None = Field(
+        None, description="Running: its launch (or adoption); gone: when its exit was recorded; None: not known."
+    )
+    run_id: str | None = Field(None, description="The run on record.")
+    pid: int | None = Field(None, description="Its recorded trainer PID.")
+    exit_code: int | None = Field(None, description="The exit record, where one was written.")
+    node: int | None = Field(None, description="A gang's node this is (its first node not fine, else node 0); None: one host.")
+    detail: str = Field("", description="What the look found, in words.")
+
+    @property
+    def fine(self) -> bool:
+        return self.state in FINE_NOW
+
+    def cell(self) -> str:
+        """The NOW column: `dead (exit 137)`, `running`, `unreachable`, with the node of a gang."""
+        text = self.state.value + (f" (exit {self.exit_code})" if self.exit_code is not None and self.state is not NowState.RUNNING else "")
+        return text + (f" on node {self.node}" if self.node is not None else "")
+
+
+def now_of(pulse: Pulse, exit_at: datetime | None = None) -> Now:
+    """What one look says of the run now. `exit_at`: when its exit record was written (the trainer's death)."""
+    ids = {"run_id": pulse.run_id, "pid": pulse.pid, "exit_code": pulse.exit_code}
+    if pulse.foreign:
+        return Now(
+            state=NowState.FOREIGN, detail=f"the state folder is another target's ({pulse.foreign}): give each target its own state_dir"
+        )
+    if pulse.run_id is None:
+        if pulse.stopped:
+            return Now(state=NowState.STOPPED, detail="stopped on purpose, no run on record: `relaunch recover` starts it")
+        return Now(state=NowState.NOT_LAUNCHED, detail="no run on record: `relaunch recover` launches it")
+    if pulse.pid_alive:
+        stopping = "; a stop is recorded, and the trainer still lives" if pulse.stopped else ""
+        return Now(state=NowState.RUNNING, since=launched_at(pulse.run_id), detail=f"its trainer (PID {pulse.pid}) lives{stopping}", **ids)
+    if pulse.stopped:
+        return Now(state=NowState.STOPPED, since=exit_at, detail="stopped on purpose: checks leave it so until `relaunch recover`", **ids)
+    if pulse.exit_code == 0:
+        return Now(state=NowState.EXITED, since=exit_at, detail=f"its trainer (PID {pulse.pid}) exited 0", **ids)
+    if pulse.exit_code is not None:
+        gone = f"trainer PID {pulse.pid} gone, exit {pulse.exit_code}"
+    elif pulse.supervisor_alive:
+        gone = f"trainer PID {pulse.pid} gone, its exit being recorded"
+    else:
+        gone = f"trainer PID {pulse.pid} gone, no exit recorded"
+    return Now(state=NowState.DEAD, since=exit_at, detail=f"{gone}; `relaunch check` says why, `relaunch recover` restarts it", **ids)
+
+
+def look_now(target: Target) -> Now:
+    """One look at each of the target's hosts (a gang's every node); the run's Now is its first node that is not fine,
+    else its first node's. A host that cannot be reached, or a look that fails, is said as such: never a death."""
+    from relaunch.deciding.gang import indexed
+    from relaunch.plans.status import parse_exit_time, plan_exit_time, plan_look
+    from relaunch.plans.watch import parse_pulse
+    from relaunch.wire.transport import run, transport_for
+
+    nodes = indexed(target)
+    found = []
+    for k, node in nodes:
+        try:
+            transport = transport_for(node.host)
+            pulse = parse_pulse(run(transport, plan_look(node)).stdout)
+            exit_at = None
+            if not pulse.pid_alive and pulse.run_id and pulse.exit_code is not None:
+                exit_at = parse_exit_time(run(transport, plan_exit_time(node, pulse.run_id), check=False).stdout)
+            now = now_of(pulse, exit_at)
+        except TransportError as exc:
+            now = Now(state=NowState.UNREACHABLE, detail=_first_line(exc))
+        except RelaunchError as exc:
+            now = Now(state=NowState.UNKNOWN, detail=f"the look failed: {_first_line(exc)}")
+        found.append(now.model_copy(update={"node": k}) if nodes.gang else now)
+    return next((n for n in found if not n.fine), found[0])
+
+
+def look_all(targets: list[Target]) -> list[Now]:
+    """Every target's look, all at once."""
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(targets)))) as pool:
+        return list(pool.map(look_now, targets))
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def clip(text: str, limit: int) -> str:
+    """TEXT on one line, at most LIMIT characters, cut between words (a single word longer than that is cut)."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    if text[limit - 3] != " " and " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip() + "..."
+
+
 class StatusRow(BaseModel):
     target: str = Field(description="The target's name.")
     host: str = Field(description="Where it runs (user@host:port, via jump hosts, in a container).")
+    now: Now | None = Field(None, description="The run as one look at its host found it now.")
     verdict: Verdict | None = Field(None, description="The newest report's verdict; None: no report yet.")
     since: datetime | None = Field(None, description="When the verdict first read this, in the unbroken run of reports up to now.")
     last_report: datetime | None = Field(None, description="When the newest report was published.")
@@ -95,8 +221,9 @@ def row(
     recoveries: list[tuple[datetime, str]],
     goodput: str | None,
     nightly: str | None,
+    now: Now | None = None,
 ) -> StatusRow:
-    """REPORTS and RECOVERIES (end time, state name) in any order."""
+    """REPORTS and RECOVERIES (end time, state name) in any order; NOW, what the host says."""
     reports = sorted(reports, key=lambda r: r.at, reverse=True)
     newest = reports[0] if reports else None
     since = None
@@ -113,6 +240,7 @@ def row(
     return StatusRow(
         target=target.name,
         host=target.host.label,
+        now=now,
         verdict=newest.verdict if newest else None,
         since=since,
         last_report=newest.at if newest else None,
@@ -135,23 +263,22 @@ def _ago(when: datetime | None, now: datetime) -> str:
     return f"{seconds}s ago"
 
 
-def render(rows: list[StatusRow], now: datetime) -> str:
-    header = ("TARGET", "HOST", "VERDICT", "SINCE", "LAST RECOVERY", "GOODPUT", "NIGHTLY", "MESSAGE")
-    lines = [
-        (
-            r.target,
-            r.host,
-            r.verdict.value if r.verdict else "-",
-            _ago(r.since, now),
-            f"{_ago(r.last_recovery, now)} ({r.last_recovery_state})" if r.last_recovery else "-",
-            r.goodput or "-",
-            r.nightly or "-",
-            r.message[:80],
+def render(rows: list[StatusRow], now: datetime, records: bool = True) -> str:
+    """The table; without `records` (no Prefect API to read), only what the hosts say."""
+    header = ("TARGET", "HOST", "NOW", "SINCE", "LAST REPORT", "LAST RECOVERY", "GOODPUT", "NIGHTLY", "MESSAGE")
+    lines = []
+    for r in rows:
+        look = r.now or Now(state=NowState.UNKNOWN)
+        report = f"{r.verdict.value} since {_ago(r.since, now)}" if r.verdict else "-"
+        recovery = f"{_ago(r.last_recovery, now)} ({r.last_recovery_state})" if r.last_recovery else "-"
+        message = look.detail if not look.fine or not r.message else r.message
+        lines.append(
+            (r.target, r.host, look.cell(), _ago(look.since, now), report, recovery, r.goodput or "-", r.nightly or "-", clip(message, 100))
         )
-        for r in rows
-    ]
-    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [header, *lines])
+    keep = range(len(header)) if records else (0, 1, 2, 3, 8)
+    table = [tuple(line[i] for i in keep) for line in [header, *lines]]
+    widths = [max(len(x[i]) for x in table) for i in range(len(keep))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in table)
 
 
 def gather(targets: list[Target]) -> list[StatusRow]:

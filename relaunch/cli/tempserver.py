@@ -86,7 +86,7 @@ from pathlib import Path
 # before the command runs, an agent all of them at its start); the others (diagnose, rollback-venv, --help) never
 # need a server. `gpus` runs no flow, but reads and writes the GPU ledger on the API all the same; `goodput` reads
 # what the flow runs recorded (through Prefect's own ephemeral server it timed out on a loaded host). `status` is not
-# here: with no API configured it refuses (a temporary server holds no night's verdict).
+# here: with no API configured it shows what the hosts know (a temporary server holds no night's verdict).
 FLOW_MODULES: dict[str, tuple[str, ...]] = {
     "check": ("relaunch.flows.check",),
     "recover": ("relaunch.flows.recover",),

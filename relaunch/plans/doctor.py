@@ -130,12 +130,15 @@ def api_check(api_url: str | None, problem: str | None) -> Check:
         )
     if problem is None:
         return Check(name="api", status=Status.OK, detail=f"{api_url} answers")
-    return Check(
-        name="api",
-        status=Status.FAIL,
-        detail=f"the Prefect API at {api_url} {problem}",
-        advice="start that server (`make serve`, `prefect server start`) or see to it (its log, `prefect server status`), "
-        "or point PREFECT_API_URL at one that answers",
+    return Check(name="api", status=Status.FAIL, detail=f"the Prefect API at {api_url} {problem}", advice=api_advice())
+
+
+def api_advice(start: str = "`make serve`") -> str:
+    """What to do about a Prefect API that does not answer (the doctor's line, and every command's: relaunch/cli/root.py).
+    `start`: how this install starts a server of its own."""
+    return (
+        f"start that server ({start}, or `prefect server start`) or see to it (its log, `prefect server status`), "
+        "or point PREFECT_API_URL at one that answers"
     )
 
 

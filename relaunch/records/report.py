@@ -21,7 +21,10 @@ class Attempt(BaseModel):
     cause: Cause | None = None
     package: str | None = None
     summary: str = ""
-    action: Action = Field(description="What relaunch did about it.")
+    action: Action = Field(description="What relaunch did about it (with `acted` false: what it would do).")
+    acted: bool = Field(
+        True, description="False: nothing was done, the action is only what relaunch would do (a check not asked to recover)."
+    )
     why: str = Field("", description="The playbook's reason for the action.")
     evidence: list[str] = Field(default_factory=list)
     metrics: Metrics = Field(default_factory=Metrics)
@@ -93,7 +96,7 @@ class Report(BaseModel):
         lines = []
         for a in self.attempts:
             cause = f" ({a.cause.value}{': ' + a.package if a.package else ''})" if a.cause else ""
-            lines.append(f"attempt {a.number}: {a.verdict.value}{cause} -> {a.action.value}  {a.summary}")
+            lines.append(f"attempt {a.number}: {a.verdict.value}{cause} -> {_action(a)}  {a.summary}")
             lines += [f"    {n.line()}" for n in a.nodes]
             for s in a.steps:
                 lines.append(f"    {s.step.value:<16} {s.seconds:8.1f} s{_on_node(s)}")
@@ -111,7 +114,7 @@ class Report(BaseModel):
         rows = ["| # | verdict | cause | action | summary |", "| --- | --- | --- | --- | --- |"]
         for a in self.attempts:
             rows.append(
-                f"| {a.number} | {a.verdict.value} | {a.cause.value if a.cause else ''}{' (' + a.package + ')' if a.package else ''} | {a.action.value} | {_cell(a.summary)} |"
+                f"| {a.number} | {a.verdict.value} | {a.cause.value if a.cause else ''}{' (' + a.package + ')' if a.package else ''} | {_action(a)} | {_cell(a.summary)} |"
             )
         parts = [head, self.message, "## Attempts", "\n".join(rows)]
         if self.attempts and self.attempts[-1].nodes:
@@ -125,6 +128,13 @@ class Report(BaseModel):
             if a.steps:
                 parts.append(_step_table(a.steps))
         return "\n\n".join(p for p in parts if p)
+
+
+def _action(attempt: Attempt) -> str:
+    """The action as done (`relaunch`), or as only proposed (`would do relaunch (nothing done)`)."""
+    if attempt.acted or attempt.action is Action.NONE:
+        return attempt.action.value
+    return f"would do {attempt.action.value} (nothing done)"
 
 
 # Notes of one step shown in the terminal's timeline; the markdown report has them all.

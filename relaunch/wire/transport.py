@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -25,10 +26,23 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def run(transport: Transport, command: Command, *, check: bool = True, advice: str = "") -> Result:
-    """The one entry point steps use; turns a non-zero exit into CommandFailed when check is set."""
+# Advice for a command that failed: one text, or one per exit code (the key None: any code not listed).
+Advice = str | Mapping[int | None, str]
+
+
+def advice_for(advice: Advice, exit_code: int) -> str:
+    """What to do about the exit code that happened, and nothing about the others."""
+    if isinstance(advice, str):
+        return advice
+    return advice.get(exit_code, advice.get(None, ""))
+
+
+def run(transport: Transport, command: Command, *, check: bool = True, advice: Advice = "") -> Result:
+    """The one entry point steps use; turns a non-zero exit into CommandFailed when check is set, with the advice for
+    its exit code."""
     result = transport.execute(command)
     if check and result.exit_code != 0:
+        advice = advice_for(advice, result.exit_code)
         # A command that never reached its container (stopped, missing, no pct) gets that said first.
         container = describe_container_failure(result) if transport.host.container else None
         raise CommandFailed(
