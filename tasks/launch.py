@@ -92,6 +92,11 @@ def _advice(target: Target, choice: Choice) -> str:
             f"it takes {target.checkpoint_dir} and finds its own), or move the names above that are no checkpoint out of "
             "checkpoint_dir; to start from scratch on purpose, empty checkpoint_dir (move its contents elsewhere), then recover again"
         )
+    if choice.blocked_by == "trajectory":
+        return (
+            "look at the two saves named above: move the saves of the trajectory the run left (an abandoned branch, an earlier "
+            "stage) out of checkpoint_dir, so that the newest write is the highest step; then recover again"
+        )
     if choice.blocked_by == "tracker":
         return (
             "look at the tracker named above: make it name a complete checkpoint in checkpoint_dir (or move it and the unfinished "

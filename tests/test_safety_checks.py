@@ -23,10 +23,12 @@ def entries(*names: str, kind: str = "d") -> list[Entry]:
     ("names", "chosen"),
     [
         (["step_000700", "step_000800", "step_000900"], "step_000900"),
-        (["iter_0000800", "iter_0000900", "iter_0000099"], "iter_0000900"),
+        # Written in step order: iter_0000099 written after iter_0000900 is another trajectory's (test_checkpoint_trajectory.py).
+        (["iter_0000099", "iter_0000800", "iter_0000900"], "iter_0000900"),
         (["checkpoint-800", "checkpoint-900", "checkpoint-1000"], "checkpoint-1000"),
         (["global_step900", "global_step1000"], "global_step1000"),
-        (["epoch_3_step_900.pt", "epoch_9_step_800.pt"], "epoch_3_step_900.pt"),
+        # An epoch's number counts before its step (issue 44: a loop whose step starts again each epoch).
+        (["epoch_3_step_900.pt", "epoch_9_step_800.pt"], "epoch_9_step_800.pt"),
         (["step_600", "step_999 (copy)", "step_abc"], "step_600"),
         (["step_600", "step_900.tmp", "tmp-checkpoint-1000", "step_950.partial"], "step_600"),
         (["800", "900", "latest"], "900"),

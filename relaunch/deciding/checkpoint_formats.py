@@ -1,18 +1,21 @@
-"""Checkpoints judged by their content: what the bytes the host read of an entry say of it. A torch.save zip, a
-safetensors file, a DCP folder, a Hugging Face Trainer folder; anything else is `unknown`, judged by time
-(relaunch/deciding/checkpoint_deaths.py). No I/O: the host only gathers bytes (relaunch/host/list_checkpoints.sh).
+"""A file judged by its content: what the bytes the host read of it say. A torch.save zip by its end records, a
+safetensors file by its header's length, a .npy array by its header, a pickle by its STOP opcode, JSON by parsing;
+anything else is `unknown` (judged by time, relaunch/deciding/checkpoint_deaths.py, or inside a folder by the sizes of
+the series' previous save, checkpoint_folders.py). No I/O: the host only gathers bytes (relaunch/host/list_checkpoints.sh).
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import math
 import re
 import struct
 from typing import Literal
 
 from pydantic import BaseModel
 
-from relaunch.plans.checkpoint_listing import Entry, EntryProbe, Probe
+from relaunch.plans.checkpoint_listing import Probe
 
 
 class Content(BaseModel):
@@ -30,8 +33,13 @@ class Content(BaseModel):
 ZIP_MAGIC, EOCD, ZIP64_LOCATOR, ZIP64_RECORD, CENTRAL = b"PK\x03\x04", b"PK\x05\x06", b"PK\x06\x07", b"PK\x06\x06", b"PK\x01\x02"
 TORCH = "torch zip (torch.save)"
 SAFETENSORS = "safetensors"
-DCP_FILE = re.compile(r"^__\d+_\d+\.distcp$")
 UNKNOWN = "format unknown"
+NPY, NPY_MAGIC = "numpy .npy", b"\x93NUMPY"
+PICKLE, PICKLE_NAME = "pickle", re.compile(r"\.(pkl|pickle)$", re.IGNORECASE)
+# torch.save's legacy format starts with a pickled magic number, then more pickles and raw storage bytes: no STOP ends it.
+TORCH_LEGACY = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
+# A numpy dtype string: its kind and its size in bytes (in characters for `U`, 4 bytes each).
+NPY_DTYPE = re.compile(r"^[<>|=]?([bBiufcmMSUV])(\d+)(\[\w+\])?$")
 
 
 def _zip(p: Probe) -> Content:
@@ -90,20 +98,56 @@ def _safetensors(p: Probe) -> Content:
     return Content(state="complete", format=SAFETENSORS, detail=f"complete: {len(ends)} tensor(s), the file ends where its header says")
 
 
-def judge_file(name: str, p: Probe) -> Content:
-    """A file by its own bytes: safetensors by its name, a zip by its first bytes; anything else is unknown."""
-    if not p.read:
-        return Content(state="unknown", format=UNKNOWN, detail="its bytes were not read")
-    if name.endswith(".safetensors"):
-        return _safetensors(p)
-    if p.head.startswith(ZIP_MAGIC):
-        return _zip(p)
-    if p.head and p.size < 22 and ZIP_MAGIC.startswith(p.head[:4]):
-        return Content(state="cut", format=TORCH, detail=f"cut short: {p.size} bytes of a zip's start, smaller than any whole zip")
-    return Content(state="unknown", format=UNKNOWN, detail="neither a zip (torch.save) nor safetensors")
+def _npy(p: Probe) -> Content:
+    """`\\x93NUMPY`, a version, the header's length (2 bytes in version 1, 4 after), a dict literal header (`descr`,
+    `shape`), then the data: header and data end where the file does."""
+    h = p.head
+    if len(h) >= 6 and not h.startswith(NPY_MAGIC):
+        return Content(state="unknown", format=UNKNOWN, detail="named .npy, without the .npy magic")
+    start, width = (10, "<H") if len(h) > 6 and h[6] == 1 else (12, "<I")
+    if p.size < start:
+        return Content(state="cut", format=NPY, detail=f"cut short: {p.size} bytes, fewer than its header's length")
+    if len(h) < start or h[6] not in (1, 2, 3):
+        return Content(state="unknown", format=NPY, detail="its header's length was not read, or its version is unknown")
+    (n,) = struct.unpack_from(width, h, 8)
+    if start + n > p.size:
+        return Content(state="cut", format=NPY, detail=f"cut short: its {n}-byte header runs past its {p.size} bytes")
+    if len(h) < start + n:
+        return Content(state="unknown", format=NPY, detail=f"its {n}-byte header was not read (too large)")
+    try:
+        header = ast.literal_eval(h[start : start + n].decode("latin-1").strip())
+        dtype, shape = NPY_DTYPE.match(str(header["descr"])), tuple(int(d) for d in header["shape"])
+    except (ValueError, SyntaxError, TypeError, KeyError, MemoryError, RecursionError):
+        return Content(state="cut", format=NPY, detail="damaged: its header does not parse as a .npy header")
+    if dtype is None:
+        return Content(state="unknown", format=NPY, detail=f"its dtype {header['descr']!r} is not one of fixed size")
+    item = int(dtype[2]) * (4 if dtype[1] == "U" else 1)
+    want = start + n + math.prod(shape) * item
+    if want != p.size:
+        how = "cut short" if want > p.size else "damaged"
+        return Content(state="cut", format=NPY, detail=f"{how}: {p.size} bytes where its header describes {want}")
+    return Content(state="complete", format=NPY, detail=f"complete: shape {shape}, the file ends where its header says")
 
 
-def _parses(p: Probe) -> bool | None:
+def _pickle(p: Probe) -> Content:
+    """A pickle of protocol 2 or later starts with PROTO (0x80) and ends with STOP (`.`); from protocol 4 on, its first
+    frame's length is in its first bytes. (A pickle of protocol 2 or 3 cut right after a byte 0x2e reads as whole.)"""
+    if p.size == 0:
+        return Content(state="cut", format=PICKLE, detail="cut short: empty")
+    if p.head.startswith(TORCH_LEGACY):
+        return Content(state="unknown", format=UNKNOWN, detail="torch.save's legacy format (pickles and raw data)")
+    if not p.head.startswith(b"\x80"):
+        return Content(state="unknown", format=UNKNOWN, detail="no pickle of protocol 2 or later")
+    if p.head[1:2] in (b"\x04", b"\x05") and p.head[2:3] == b"\x95" and len(p.head) >= 11:
+        (frame,) = struct.unpack_from("<Q", p.head, 3)  # protocol 4 and 5 frame their opcodes: the first frame's length
+        if p.size < 11 + frame:
+            return Content(state="cut", format=PICKLE, detail=f"cut short: its first frame of {frame} bytes runs past its {p.size} bytes")
+    if not p.tail.endswith(b"."):
+        return Content(state="cut", format=PICKLE, detail=f"cut short: its {p.size} bytes do not end with pickle's STOP opcode")
+    return Content(state="complete", format=PICKLE, detail="complete: it ends with pickle's STOP opcode")
+
+
+def parses(p: Probe) -> bool | None:
     """True if a JSON file parses, False if not, None if its bytes were not read (too large)."""
     if p.size == 0:
         return False
@@ -116,61 +160,30 @@ def _parses(p: Probe) -> bool | None:
     return True
 
 
-def judge_folder(probe: EntryProbe) -> Content:
-    """A folder by its layout: DCP, a Hugging Face Trainer save; in any folder, a file of a known format that is cut
-    makes it cut. A folder of no known layout is unknown: whole files do not prove that every file was written."""
-    files = probe.files
-    top = {rel: p for rel, p in files.items() if "/" not in rel}
-    known = {rel: judge_file(rel.rsplit("/", 1)[-1], p) for rel, p in files.items() if not rel.endswith(".json") and p.read}
-    cut = next(((rel, c) for rel, c in sorted(known.items()) if c.state == "cut"), None)
-    whole = sum(1 for c in known.values() if c.state == "complete")
-    shards = sorted(rel for rel in top if DCP_FILE.match(rel))
-    if ".metadata" in top or shards:
-        fmt = "DCP folder (torch.distributed.checkpoint)"
-        if cut:
-            return Content(state="cut", format=fmt, detail=f"cut short: its {cut[0]} is ({cut[1].detail})")
-        if ".metadata" not in top or top[".metadata"].size == 0:
-            return Content(state="cut", format=fmt, detail=f"cut short: {len(shards)} __N_M.distcp file(s) and no .metadata (written last)")
-        if not shards:
-            return Content(state="cut", format=fmt, detail="cut short: .metadata without any __N_M.distcp file")
-        return Content(state="complete", format=fmt, detail=f"complete: .metadata and {len(shards)} __N_M.distcp file(s)")
-    if "trainer_state.json" in top:
-        fmt = "Hugging Face Trainer folder"
-        if cut:
-            return Content(state="cut", format=fmt, detail=f"cut short: its {cut[0]} is ({cut[1].detail})")
-        parsed = _parses(top["trainer_state.json"])
-        if parsed is None:
-            return Content(state="unknown", format=fmt, detail="its trainer_state.json was not read (too large)")
-        if not parsed:
-            return Content(state="cut", format=fmt, detail="cut short: its trainer_state.json does not parse")
-        named = 0
-        for rel in sorted(r for r in top if r.endswith(".index.json")):
-            ok = _parses(top[rel])
-            if not ok:
-                state = "unknown" if ok is None else "cut"
-                return Content(state=state, format=fmt, detail=f"its {rel} {'was not read' if ok is None else 'does not parse'}")
-            weight_map = json.loads(top[rel].head.decode()).get("weight_map", {})
-            for shard in sorted(set(weight_map.values()) if isinstance(weight_map, dict) else ()):
-                named += 1
-                if str(shard) not in files or files[str(shard)].size == 0:
-                    if probe.crowded and str(shard) not in files:
-                        return Content(state="unknown", format=fmt, detail=f"{shard} (named by {rel}) not among the files listed")
-                    missing = "missing" if str(shard) not in files else "empty"
-                    return Content(state="cut", format=fmt, detail=f"cut short: {shard}, named by {rel}, is {missing}")
-        return Content(
-            state="complete",
-            format=fmt,
-            detail=f"complete: trainer_state.json parses, the {named} file(s) its index names are there, {whole} file(s) whole by their format",
-        )
-    if cut:
-        return Content(state="cut", format=f"folder of {cut[1].format} files", detail=f"cut short: its {cut[0]} is ({cut[1].detail})")
-    return Content(state="unknown", format=UNKNOWN, detail="a folder of no layout relaunch can read (DCP or Hugging Face Trainer)")
+def _json(p: Probe) -> Content:
+    parsed = parses(p)
+    if parsed is None:
+        return Content(state="unknown", format="JSON", detail="not read whole (too large)")
+    if not parsed:
+        return Content(state="cut", format="JSON", detail="cut short: it does not parse")
+    return Content(state="complete", format="JSON", detail="complete: it parses")
 
 
-def judge(entry: Entry, probe: EntryProbe | None) -> Content | None:
-    """An entry by its content, or None where the host read none of it (not among the newest)."""
-    if probe is None or not probe.files:
-        return None
-    if entry.kind == "f" or (entry.kind == "l" and "" in probe.files):
-        return judge_file(entry.name, probe.files[""]) if "" in probe.files else None
-    return judge_folder(probe)
+def judge_file(name: str, p: Probe) -> Content:
+    """A file by its own bytes: safetensors, .npy, a pickle and JSON by its name, a zip by its first bytes; anything
+    else is unknown."""
+    if not p.read:
+        return Content(state="unknown", format=UNKNOWN, detail="its bytes were not read")
+    if name.endswith(".safetensors"):
+        return _safetensors(p)
+    if name.endswith(".json"):
+        return _json(p)
+    if name.endswith(".npy"):
+        return _npy(p)
+    if p.head.startswith(ZIP_MAGIC):
+        return _zip(p)
+    if p.head and p.size < 22 and ZIP_MAGIC.startswith(p.head[:4]):
+        return Content(state="cut", format=TORCH, detail=f"cut short: {p.size} bytes of a zip's start, smaller than any whole zip")
+    if PICKLE_NAME.search(name):
+        return _pickle(p)
+    return Content(state="unknown", format=UNKNOWN, detail="neither a zip (torch.save) nor safetensors")

@@ -75,6 +75,29 @@ def series_of(name: str) -> str | None:
     return m["series"] if m and not_a_step(name) is None else None
 
 
+def counters(series: str) -> tuple[int, ...]:
+    """The numbers a series holds besides its step, in order: an epoch's, a stage's (`epoch_3_step_`, `stage2_step_`,
+    Lightning's `epoch=3-step=`); a decimal's digits (`loss0.53_step_`) are none."""
+    return tuple(int(t, 10) for t in re.findall(r"\d+(?:\.\d+)*", series) if "." not in t)
+
+
+def standing(name: str) -> tuple[str, tuple[int, ...]] | None:
+    """A save's series and where it stands in its run's order by its name: its series' counters, then its step. An
+    epoch loop whose step starts again each epoch writes `epoch_4_step_20.pt` after `epoch_3_step_30.pt`, and
+    (4, 20) > (3, 30); a file of a checkpoint in parts stands where its checkpoint does. None for a name with no step."""
+    stem = EXTENSIONS.sub("", name)
+    m = NAME.match(stem) if not_a_step(name) is None else None
+    if m is None and step_of(name) is None:
+        m = PART.match(stem)
+    return (m["series"], (*counters(m["series"]), int(m["number"], 10))) if m else None
+
+
+def order_of(name: str) -> tuple[int, ...] | None:
+    """Where a save stands in its run's order by its name (see `standing`), or None."""
+    found = standing(name)
+    return found[1] if found else None
+
+
 def series_key(series: str) -> str:
     """A series with its other numbers as `#`: Lightning's `epoch=3-step=` and `epoch=4-step=` are one series."""
     return re.sub(r"\d+", "#", series)

@@ -31,6 +31,10 @@ class Reason(str, Enum):
     STALE_LAST = "stale_last"  # Lightning's last.ckpt, older than a save beside it
     OLDER_THAN_LAST = "older_than_last"  # older than Lightning's last.ckpt, the newest by definition
     OTHER_SERIES = "other_series"  # of another series than the run's newest save's
+    # The run's own trajectory (checkpoint_trajectory.py)
+    ABANDONED_BRANCH = "abandoned_branch"  # written before the run began, above the checkpoint it resumed from
+    EARLIER_TRAJECTORY = "earlier_trajectory"  # above the save taken in step order, or newer, but not of the run's own saves
+    COUNTER_RESET = "counter_reset"  # above the save taken in step order, written earlier by the same run
 
 
 # Reasons that cannot hide a real checkpoint: with only these in the folder, starting from scratch loses nothing.

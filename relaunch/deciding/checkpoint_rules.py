@@ -8,9 +8,20 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from relaunch.deciding.checkpoint_formats import Content
-from relaunch.deciding.checkpoint_names import LIGHTNING_LAST, listed, name_problem, part_groups, series_key, series_of, step_of
+from relaunch.deciding.checkpoint_names import (
+    LIGHTNING_LAST,
+    counters,
+    listed,
+    name_problem,
+    order_of,
+    part_groups,
+    series_key,
+    series_of,
+    step_of,
+)
 from relaunch.deciding.checkpoint_reasons import HARMLESS, Reason, Skip, Skipped
 from relaunch.deciding.checkpoint_trackers import Tracker
+from relaunch.deciding.checkpoint_trajectory import Evidence, abandoned
 from relaunch.plans.checkpoint_listing import Entry
 
 
@@ -24,6 +35,7 @@ class Candidate:
     series: str
     parts: list[str] = field(default_factory=list)
     contents: list[Content | None] = field(default_factory=list)
+    order: tuple[int, ...] = ()  # where it stands in its run's order by its name (checkpoint_names.standing)
 
     @property
     def entry(self) -> Entry | None:
@@ -57,6 +69,7 @@ class Facts:
     tracker: Tracker | None
     tracked: Entry | None
     suspects: dict[str, str] = field(default_factory=dict)
+    trajectory: Evidence | None = None  # None where a tracker's word decides
 
 
 def candidates(entries: list[Entry], content: dict[str, Content], ignore: set[str]) -> list[Candidate]:
@@ -68,16 +81,15 @@ def candidates(entries: list[Entry], content: dict[str, Content], ignore: set[st
         problem = name_problem(e)
         if e.name in ignore or (e.name in in_group and problem is not None and problem.reason is Reason.NOT_A_NAME):
             continue
-        found.append(
-            Candidate(name=e.name, entries=[e], step=step_of(e.name), series=series_of(e.name) or "", contents=[content.get(e.name)])
-        )
+        single = Candidate(name=e.name, entries=[e], step=step_of(e.name), series=series_of(e.name) or "", contents=[content.get(e.name)])
+        single.order = order_of(e.name) or ()
+        found.append(single)
     for (series, step), members in sorted(groups.items()):
-        members = sorted(members, key=lambda m: m.name)
-        parts = [m.name for m in members]
+        parts = [m.name for m in sorted(members, key=lambda m: m.name)]
+        contents = [content.get(n) for n in parts]
+        order = (*counters(series), step)
         found.append(
-            Candidate(
-                name=listed(members), entries=members, step=step, series=series, parts=parts, contents=[content.get(n) for n in parts]
-            )
+            Candidate(name=listed(members), entries=members, step=step, series=series, parts=parts, contents=contents, order=order)
         )
     return found
 
@@ -145,6 +157,13 @@ def by_divergence(c: Candidate, f: Facts) -> Skip | None:
     return None
 
 
+def by_trajectory(c: Candidate, f: Facts) -> Skip | None:
+    """Written before the current run began, above the checkpoint it resumed from: a branch it left (a rollback)."""
+    if f.trajectory is None or not c.order:
+        return None
+    return abandoned(c.written, c.order, c.series, f.trajectory)
+
+
 def by_resume_arg(c: Candidate, f: Facts) -> Skip | None:
     """A checkpoint in parts needs the trainer to get the folder: `{checkpoint}` names one path."""
     if c.entry is not None or f.resume_from != "entry":
@@ -157,7 +176,7 @@ def by_resume_arg(c: Candidate, f: Facts) -> Skip | None:
 
 
 Rule = Callable[[Candidate, Facts], Skip | None]
-RULES: tuple[Rule, ...] = (by_name, by_tracker, by_refusal, by_content, by_time, by_divergence, by_resume_arg)
+RULES: tuple[Rule, ...] = (by_name, by_tracker, by_refusal, by_content, by_time, by_divergence, by_trajectory, by_resume_arg)
 
 
 def first_skip(c: Candidate, f: Facts) -> Skip | None:

@@ -3,12 +3,15 @@
 The host only lists (relaunch/host/list_checkpoints.sh, read by relaunch/plans/checkpoint_listing.py); the choice is
 made here, by jobs each in its module:
 - checkpoint_names.py: which names are saves, the step a name carries (base 10), its series, checkpoints in parts;
-- checkpoint_formats.py: a save judged by its content where its format is known (torch.save zip, safetensors, DCP,
-  Hugging Face Trainer): a complete one is taken however close to a death it was written, a cut one never;
+- checkpoint_formats.py, checkpoint_folders.py: a save judged by its content where its format is known (torch.save
+  zip, safetensors, .npy, pickle, JSON; DCP, Hugging Face Trainer, a folder of such files beside the series' previous
+  save): a complete one is taken however close to a death it was written, a cut one never;
 - checkpoint_deaths.py: only where the format is unknown, the timing rule: the newest save a death's window holds;
 - checkpoint_trackers.py: a framework tracker names the newest *complete* save (Megatron, DeepSpeed, a `latest` link);
 - checkpoint_rules.py: the candidates and the rules that rule one out, each a function returning a Skip (a Reason
-  and its prose) or None; reasons are compared as Reasons, never as text.
+  and its prose) or None; reasons are compared as Reasons, never as text;
+- checkpoint_trajectory.py: the run's own order, not the highest number: its own saves since it began, the
+  checkpoint it resumed from, and a person asked where write order and step order disagree with nothing to settle it.
 A folder that holds names but nothing usable is a question for a person (`Choice.escalate`), never a silent
 run from scratch whose new `step_60.pt` would then become "newest" over the work it could not read.
 """
@@ -20,11 +23,13 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from relaunch.deciding.checkpoint_deaths import CLOCK_SLACK_SECONDS, cut_short
-from relaunch.deciding.checkpoint_formats import Content, judge, judge_file
+from relaunch.deciding.checkpoint_folders import judge_all
+from relaunch.deciding.checkpoint_formats import Content, judge_file
 from relaunch.deciding.checkpoint_names import LIGHTNING_LAST, is_save, not_a_step, series_of, skip_reason, step_of
 from relaunch.deciding.checkpoint_reasons import HARMLESS, Reason, Skipped
 from relaunch.deciding.checkpoint_rules import Candidate, Facts, by_name, candidates, first_skip, own_series
 from relaunch.deciding.checkpoint_trackers import TRACKER_FILES, Tracker, trackers
+from relaunch.deciding.checkpoint_trajectory import Followed, evidence, follow
 from relaunch.plans.checkpoint_listing import Entry, EntryProbe, Probe, RunFacts
 
 __all__ = [
@@ -54,8 +59,10 @@ class Choice(BaseModel):
     tracker: str | None = Field(None, description="The framework tracker that named the choice, and what it says.")
     escalate: str | None = Field(None, description="Why no choice may be made without a person: set, nothing is launched.")
     content: str | None = Field(None, description="What its content says: complete by its format, or judged by time.")
-    blocked_by: Literal["nothing_usable", "tracker", "loader"] | None = Field(
-        None, description="What escalates: names but nothing usable, a tracker's word, or what a folder loader would take."
+    blocked_by: Literal["nothing_usable", "tracker", "loader", "trajectory"] | None = Field(
+        None,
+        description="What escalates: names but nothing usable, a tracker's word, what a folder loader would take, or saves "
+        "whose write order and step order disagree with nothing to say which trajectory the run is on.",
     )
 
 
@@ -70,7 +77,9 @@ def choose(
     resume_from: Literal["entry", "folder"] = "entry",
     probes: dict[str, EntryProbe] | None = None,
 ) -> Choice:
-    """The highest step number wins; equal steps go to the newest. `refused` (mtime in whole seconds, name)
+    """The newest save of the run's own trajectory: the highest in its order (an epoch's or a stage's number first,
+    then the step) where write order agrees; its own newest save, or the checkpoint it resumed from, where they
+    disagree (`run`), else an escalation. Equal steps go to the newest. `refused` (mtime in whole seconds, name)
     entries failed to load once and are never taken again; a newer file under the same name is.
 
     A tracker's word beats the highest step; a save the current run's end may have cut short is skipped; with
@@ -87,12 +96,13 @@ def choose(
         return stop
     tracker = found[0] if found else None
     tracked = names[tracker.names] if tracker and tracker.names else None
-    content = {e.name: c for e in entries if (c := judge(e, (probes or {}).get(e.name))) is not None}
+    content = judge_all(entries, probes or {})
     ignore = set(TRACKER_FILES & (set(contents or {}) | set(links or {})))
     every = candidates(entries, content, ignore)
     facts = Facts(refused=refused or set(), before_step=before_step, resume_from=resume_from, tracker=tracker, tracked=tracked)
     if tracked is None:
         facts.suspects = _suspects(every, run)
+        facts.trajectory = evidence(run, [c.pick for c in every if c.order])
     usable: list[Candidate] = []
     skipped: list[Skipped] = []
     for c in every:
@@ -109,8 +119,12 @@ def choose(
         usable = own_series(usable, skipped)
         if not usable:
             return _nothing(entries, ignore, skipped)
-        top = max(usable, key=lambda c: (c.step or 0, c.mtime, c.pick))
-        choice = _chosen(top, usable, skipped, tracker, tracked)
+        followed = follow(usable, facts.trajectory, skipped) if facts.trajectory is not None else None
+        if followed is not None and followed.escalate:
+            lines = [s.line() for s in skipped]
+            return Choice(why=followed.escalate, skipped=lines, skips=skipped, escalate=followed.escalate, blocked_by="trajectory")
+        top = followed.pick if followed and followed.pick else max(usable, key=lambda c: (c.order, c.mtime, c.pick))
+        choice = _chosen(top, usable, skipped, tracker, tracked, trajectory=followed)
     if resume_from == "folder":
         return _as_folder(choice, loader_takes, tracker, skipped)
     return choice
@@ -138,8 +152,9 @@ def _suspects(every: list[Candidate], run: RunFacts | None) -> dict[str, str]:
 
 
 def _loader_pick(every: list[Candidate], facts: Facts) -> str | None:
-    """What a loader reading the folder itself, with no tracker, would take: taken to be the highest step there."""
-    named = [(c.step or 0, c.pick) for c in every if by_name(c, facts) is None]
+    """What a loader reading the folder itself, with no tracker, would take: taken to be the highest step there (in
+    the order of its numbers: an epoch's before its step)."""
+    named = [(c.order, c.pick) for c in every if by_name(c, facts) is None]
     return max(named)[1] if named else None
 
 
@@ -160,7 +175,13 @@ def _lightning_last(lasts: list[Candidate], usable: list[Candidate], skipped: li
 
 
 def _chosen(
-    c: Candidate, usable: list[Candidate], skipped: list[Skipped], tracker: Tracker | None, tracked: Entry | None, lightning: bool = False
+    c: Candidate,
+    usable: list[Candidate],
+    skipped: list[Skipped],
+    tracker: Tracker | None,
+    tracked: Entry | None,
+    lightning: bool = False,
+    trajectory: Followed | None = None,
 ) -> Choice:
     """The choice of `c`, with why: its step among the usable ones, what its content says, what a tracker says."""
     said = _group_why(c.contents) if c.parts else _content_why(c.content)
@@ -170,7 +191,17 @@ def _chosen(
         return Choice(name=c.name, step=None, why=why, skipped=lines, skips=skipped, content=said)
     step = None if tracked is not None and tracked.name == c.name == "release" else (c.step or 0)
     kind = "usable checkpoint(s)" + ("; this one in parts: " + " + ".join(c.parts) if c.parts else "")
-    why = f"highest step ({step}) of {len(usable)} {kind}" if step is not None else "Megatron's converted `release` checkpoint"
+    if step is None:
+        why = "Megatron's converted `release` checkpoint"
+    elif trajectory is not None and trajectory.why:
+        why = f"{trajectory.why} (step {step}) of {len(usable)} {kind}"
+    elif len(c.order) > 1:
+        numbers = ", ".join(map(str, c.order))
+        why = f"last in the run's order ({numbers}: an epoch's or a stage's number before the step {step}) of {len(usable)} {kind}"
+    else:
+        why = f"highest step ({step}) of {len(usable)} {kind}"
+    if trajectory is not None and trajectory.note:
+        why += f"; {trajectory.note}"
     why += f"; {said}"
     if tracker is not None:
         agrees = tracked is not None and tracked.name == c.name

@@ -11,7 +11,8 @@
 #   L NAME/TARGET        where a symbolic link points (a `latest` link names the newest complete checkpoint)
 #   C NAME/TEXT          the first line of a framework tracker (Megatron, DeepSpeed `latest`)
 #   S MTIME NAME         a checkpoint recorded as failing to load
-#   R KEY VALUE          the current run's records: when it started, when a stop signalled it, how it died
+#   R KEY VALUE          the current run's records: when it started and from which checkpoint (an adopted run: its
+#                        command line), when a stop signalled it, how it died
 #   P SIZE HEAD TAIL NAME[/PATH]  bytes of one of the newest entries, or of a file PATH inside one (HEAD and TAIL
 #                        base64, `-` for none): only gathered here, judged in Python (relaunch/deciding/checkpoint_formats.py)
 #   T NAME               a probed folder holds more files than were listed
@@ -23,8 +24,9 @@ DEPTH=4
 # Bounded reading: the newest PROBE entries (by their newest write) are probed; in a folder, FOLDER_FILES files
 # are listed with their sizes and FOLDER_READS of them (JSON first) have their bytes read.
 PROBE=8 FOLDER_FILES=256 FOLDER_READS=24
-# A safetensors header or a JSON file is read whole up to HEAD_MAX bytes; otherwise the first 64 bytes.
-HEAD_MAX=4194304
+# A safetensors header or a JSON file is read whole up to HEAD_MAX bytes, a .npy file's first NPY_HEAD bytes (its
+# header); otherwise the first 64 bytes.
+HEAD_MAX=4194304 NPY_HEAD=4096
 # A zip's end: its end-of-central-directory record (22 bytes and a comment of up to 65535), and zip64's locator
 # (20) and record (56) before it. Files inside a folder get a shorter tail: torch.save writes no zip comment.
 TAIL=65633 TAIL_IN_FOLDER=4096
@@ -62,6 +64,8 @@ probe() {
       # A safetensors file starts with its header's length, 8 bytes little-endian (od prints them in file order).
       for b in $(od -An -tu1 -N8 -- "$f" 2> /dev/null); do n=$((n | (b << (8 * i)))) i=$((i + 1)); done
       [[ $f == *.safetensors ]] && [ "$i" -eq 8 ] && [ "$n" -ge 0 ] && [ "$n" -le "$HEAD_MAX" ] && len=$((8 + n))
+      # A .npy header (its dtype and shape) is a few hundred bytes at most in practice.
+      [[ $f == *.npy ]] && len=$NPY_HEAD
       head=$(head -c "$len" -- "$f" 2> /dev/null | base64 -w 0)
       tail=$(tail -c "$tailsize" -- "$f" 2> /dev/null | base64 -w 0)
       ;;
@@ -83,7 +87,7 @@ while IFS= read -r -d '' line; do
     for rel in "${files[@]}"; do
       case ${rel##*/} in
         *.json) json+=("$rel") ;;
-        *.safetensors | *.pt | *.pth | *.bin | *.ckpt | *.pkl | *.tar | *.zip) rest+=("$rel") ;;
+        *.safetensors | *.pt | *.pth | *.bin | *.ckpt | *.pkl | *.pickle | *.npy | *.tar | *.zip) rest+=("$rel") ;;
         *) printf 'P %s - - %s/%s\0' "$(stat -L -c %s -- "$path/$rel" 2> /dev/null || echo 0)" "$name" "$rel" ;;
       esac
     done
@@ -120,5 +124,14 @@ if [ -n "$state" ] && cur=$(current_run "$state"); then
   done
   # When the trainer died: the supervisor writes exit_code the moment it exits.
   [ -f "$run/exit_code" ] && printf 'R exit_at %s\0' "$(find "$run/exit_code" -maxdepth 0 -printf '%T@')"
+  # What the run resumed from, the start of its own trajectory: the checkpoint launch.sh gave it (empty: from scratch);
+  # an adopted run's command line, which may name it.
+  if [ -f "$run/adopted" ]; then
+    slurp value "$run/command"
+    [ -n "$value" ] && printf 'R command %s\0' "${value:0:4096}"
+  elif [ -f "$run/checkpoint" ]; then
+    slurp value "$run/checkpoint"
+    printf 'R resumed_from %s\0' "$value"
+  fi
 fi
 exit 0

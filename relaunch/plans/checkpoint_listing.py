@@ -28,7 +28,7 @@ class Entry(BaseModel):
 
 
 class RunFacts(BaseModel):
-    """What the current run's folder (STATE/runs/ID) says about how it ended."""
+    """What the current run's folder (STATE/runs/ID) says about how it began and how it ended."""
 
     run_id: str | None = None
     started_at: float | None = None
@@ -36,6 +36,12 @@ class RunFacts(BaseModel):
     stop_killed_at: float | None = Field(None, description="When that stop had to SIGKILL what was left.")
     exit_code: int | None = None
     exit_at: float | None = Field(None, description="When the trainer died: the mtime of its exit_code.")
+    resumed_from: str | None = Field(
+        None,
+        description="The checkpoint relaunch launched the run with (RUN/checkpoint: its name in checkpoint_dir), `` for none (from "
+        "scratch), None where not recorded (an adopted run, an older run folder).",
+    )
+    command: str | None = Field(None, description="An adopted run's command line, as /proc showed it (RUN/command).")
 
 
 class Probe(BaseModel):
@@ -89,6 +95,7 @@ def _probe(listing: Listing, body: str) -> None:
 
 def _run_facts(run: dict[str, str]) -> RunFacts:
     code = run.get("exit_code", "")
+    resumed = run.get("resumed_from")
     return RunFacts(
         run_id=run.get("run") or None,
         started_at=number_or_none(run.get("started_at"), float),
@@ -96,6 +103,9 @@ def _run_facts(run: dict[str, str]) -> RunFacts:
         stop_killed_at=number_or_none(run.get("stop_killed_at"), float),
         exit_code=int(code) if code.lstrip("-").isdigit() else None,
         exit_at=number_or_none(run.get("exit_at"), float),
+        # launch.sh records CHECKPOINT_DIR/NAME: the name is what the listing holds.
+        resumed_from=None if resumed is None else resumed.rsplit("/", 1)[-1],
+        command=run.get("command") or None,
     )
 
 
