@@ -55,7 +55,7 @@ def measure(seconds: float, every: float, children: int) -> dict[str, float]:
             start = Path(f"/proc/{tree.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
             (run / "pid").write_text(f"{tree.pid} {start}\n")
             script = Path(tmp) / "start.sh"
-            script.write_text(f"{_shared('lib')}\n{_shared('recorder')}\nstart_recorder \"$1\" \"$2\"\n")
+            script.write_text(f'{_shared("lib")}\n{_shared("recorder")}\nstart_recorder "$1" "$2"\n')
             subprocess.run(["bash", str(script), str(run), f"{every:g}"], check=True)
             deadline = time.monotonic() + 10
             while not (run / "recorder_pid").exists():

@@ -35,7 +35,7 @@ from relaunch.tasks.install_package import install_package
 from relaunch.tasks.launch import check_resumable, choose_checkpoint, launch
 from relaunch.tasks.leftovers import stop_leftovers
 from relaunch.tasks.lock import target_lock
-from relaunch.tasks.memory import recall, remember
+from relaunch.tasks.memory import first_told_pause, recall, remember
 from relaunch.tasks.preflight import preflight
 from relaunch.tasks.rebuild_venv import build_venv, rebuild_venv
 from relaunch.tasks.restore_code import check_restorable, restore_code
@@ -270,6 +270,8 @@ def announce_verdict(target: Target, health: HealthResult, attempt: int) -> Heal
     d = health.diagnosis
     # One time for the event and the report: a report read back before the event is stored is not counted twice.
     health.observation = observe(d, health.snapshot, health.progress, datetime.now(UTC))
+    if d.verdict is Verdict.PAUSED:
+        _tell_pause(target, health)
     emit(
         f"relaunch.verdict.{d.verdict.value}",
         target,
@@ -281,6 +283,20 @@ def announce_verdict(target: Target, health: HealthResult, attempt: int) -> Heal
         occurred=health.observation.at,
     )
     return health
+
+
+def _tell_pause(target: Target, health: HealthResult) -> None:
+    """A person's pause is told once (`relaunch.run.paused`, which the relaunch-run-paused automation notifies), with how
+    to resume; later checks of the same paused run only say their verdict. A server that cannot record it tells again."""
+    run_id = health.snapshot.run_id or ""
+    try:
+        first = first_told_pause(target, run_id)
+    except Exception as exc:  # noqa: BLE001 - telling twice is better than never
+        log().warning("could not read whether the pause of run %s was told (%s: %s): telling it", run_id, type(exc).__name__, exc)
+        first = True
+    if first:
+        d = health.diagnosis
+        emit("relaunch.run.paused", target, None, {"summary": d.summary, "evidence": d.evidence[:4]}, run_id=run_id)
 
 
 def host_slot(target: Target) -> AbstractContextManager[object]:

@@ -63,6 +63,8 @@ CHOICE = "tests/test_checkpoint_choice.py"
 GAPS = "tests/test_never_harm_gaps.py"
 ROOTS = "tests/test_root_cause_rules.py"
 HANDOVER = "tests/test_watch_handover.py"
+RECORD = "tests/test_progress_record.py"
+RULES = "tests/test_progress_rules.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---- issue 36: judging a live run from evidence ----------------------------------------------------------------
@@ -540,6 +542,111 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=(
             f"{HANDOVER}::test_a_recovery_the_api_failed_is_tried_again_until_it_runs_and_the_death_is_handed_over_once",
             f"{HANDOVER}::test_a_death_while_the_prefect_api_is_down_is_recovered_once_it_answers_again_and_said_once",
+        ),
+    ),
+    # ---- issue 50: work, a wait, a pause or a hang, from the progress record kept on the host -----------------------
+    Mutant(
+        name="pause-is-a-persons",
+        mechanism="a process of the tree stopped by a signal (T) is paused, never a stall",
+        file="relaunch/judging/progress.py",
+        old='    held = [p for p in latest.processes if p.state == "T"]\n',
+        new="    held = []\n",
+        what="state T not read",
+        tests=(
+            f"{RULES}::test_a_tree_with_a_process_stopped_by_a_signal_is_paused_whatever_else_it_does",
+            f"{RECORD}::test_a_trainer_a_person_paused_with_sigstop_is_called_paused_and_left_alive",
+        ),
+    ),
+    Mutant(
+        name="rising-counter-is-work",
+        mechanism="CPU, I/O, the log, a process born or ended or a busy GPU rising anywhere in the tree is work",
+        file="relaunch/judging/progress.py",
+        old="    if rise is None or record.now - rise.at_epoch >= record.window_seconds:\n        return None\n    return Reading(\n        motion=Motion.WORKING,",
+        new="    if True:\n        return None\n    return Reading(\n        motion=Motion.WORKING,",
+        what="the working rule never speaks",
+        tests=(
+            f"{RULES}::test_a_tree_whose_counters_rise_within_the_window_is_never_called_stalled",
+            f"{RECORD}::test_a_trainer_working_inside_one_long_c_call_or_through_a_busy_child_is_never_called_stalled[quiet-pbkdf2]",
+        ),
+    ),
+    Mutant(
+        name="cpu-of-every-process",
+        mechanism="the CPU and I/O of every process of the tree count, a non-Python child's too",
+        file="relaunch/judging/progress.py",
+        old="    before = {p.pid: p for p in a.processes}\n    after = {p.pid: p for p in b.processes}\n",
+        new="    before = {p.pid: p for p in a.processes if p.comm.startswith('python')}\n    after = {p.pid: p for p in b.processes if p.comm.startswith('python')}\n",
+        what="only python processes read",
+        tests=(f"{RECORD}::test_a_trainer_working_inside_one_long_c_call_or_through_a_busy_child_is_never_called_stalled[quiet-child]",),
+    ),
+    Mutant(
+        name="blocked-names-holder",
+        mechanism="a flat tree waiting on a lock held outside it is stalled/blocked, escalated naming the holder",
+        file="relaunch/judging/progress.py",
+        old="    if waits:\n        lines = tuple(",
+        new="    if False:\n        lines = tuple(",
+        what="lock waits not read",
+        tests=(
+            f"{RULES}::test_a_flat_tree_waiting_on_a_lock_held_outside_it_is_blocked_naming_the_holder_and_inside_it_a_hang",
+            f"{RECORD}::test_a_trainer_waiting_on_a_lock_another_live_job_holds_is_escalated_naming_the_holder_never_stopped[fcntl]",
+        ),
+    ),
+    Mutant(
+        name="record-spans-the-window",
+        mechanism="a record shorter than the window is watched, never judged on one look",
+        file="relaunch/judging/progress.py",
+        old="    if record.spans >= record.window_seconds:\n        return None\n    return Reading(\n        motion=Motion.WATCHING,",
+        new="    if True:\n        return None\n    return Reading(\n        motion=Motion.WATCHING,",
+        what="no watching: judged on a short record",
+        tests=(f"{RULES}::test_a_record_shorter_than_the_window_is_watched_never_judged",),
+    ),
+    Mutant(
+        name="gpu-spin-asks-stacks",
+        mechanism="a busy GPU over a still host asks the stacks before anything is said",
+        file="relaunch/judging/progress.py",
+        old="    if len(read) < 2 or min(read) < GPU_BUSY_PERCENT:\n",
+        new="    if True:\n",
+        what="the GPU-spin rule never speaks",
+        tests=(
+            f"{RULES}::test_a_busy_gpu_over_a_still_host_asks_the_stacks_and_an_io_or_log_rise_is_work",
+            f"{RULES}::test_the_captured_h100_spinning_kernel_is_a_gpu_spin_whose_stack_waits_in_synchronize",
+        ),
+    ),
+    Mutant(
+        name="record-judges-first-look",
+        mechanism="a hang that began long before the check is judged on its first look, from the record",
+        file="relaunch/judging/alive.py",
+        old="    if not snap.progress:\n        return None\n",
+        new="    if True:\n        return None\n",
+        what="the record is not read",
+        tests=(f"{RECORD}::test_a_hang_that_began_long_before_the_check_looked_is_judged_on_its_first_look_from_the_record",),
+    ),
+    Mutant(
+        name="watch-finds-hangs",
+        mechanism="the watch hands a live run whose record stood still to recovery by itself",
+        file="relaunch/judging/watching.py",
+        old="        return Seen.HUNG if reading is not None and reading.motion in HANDED_AS_HUNG else Seen.RUNNING\n",
+        new="        return Seen.RUNNING\n",
+        what="a live run is always running to the watch",
+        tests=(f"{RECORD}::test_the_watch_hands_a_hang_to_recovery_by_itself_within_the_window_and_the_relaunched_run_steps",),
+    ),
+    Mutant(
+        name="stop-continues-paused",
+        mechanism="a stop of a paused trainer continues it after its SIGTERM, so it saves within the grace",
+        file="relaunch/host/stop.sh",
+        old=' && signalled+=("$p") && kill -CONT "$p" 2> /dev/null; done\n',
+        new=' && signalled+=("$p"); done\n',
+        what="no SIGCONT after the SIGTERM",
+        tests=(f"{RECORD}::test_a_stop_of_a_paused_trainer_continues_it_so_it_saves_on_its_sigterm_within_the_grace",),
+    ),
+    Mutant(
+        name="launch-is-no-death",
+        mechanism="a look at a launch whose supervisor has not recorded a PID yet is no death",
+        file="relaunch/judging/watching.py",
+        old="    if pulse.pid is None and pulse.exit_code is None and launching(pulse):\n",
+        new="    if False:\n",
+        what="a launch under way read as a death",
+        tests=(
+            f"{HANDOVER}::test_a_look_at_a_launch_whose_supervisor_has_not_recorded_a_pid_yet_is_no_death_until_a_launch_would_have_failed",
         ),
     ),
 )

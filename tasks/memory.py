@@ -130,3 +130,21 @@ def write_handed(target: Target, run_id: str) -> None:
 
     with get_client(sync_client=True) as client:
         _write(client, watch_variable(target), {"target": target.name, "run_id": run_id}, WATCH_TAG)
+
+
+def paused_variable(target: Target) -> str:
+    """The run whose pause (verdict paused: a person's SIGSTOP, Ctrl-Z, a debugger) was last told, per run as the watch's."""
+    return variable_name("paused", target.name, f"{target.name} {target.host.label} {target.state_path}")
+
+
+def first_told_pause(target: Target, run_id: str) -> bool:
+    """Whether the pause of `run_id` is told now: True the first time, and recorded, so every later check of the same
+    pause is quiet (a pause lasts nights; a person is told once, not every night)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        value = _read(client, paused_variable(target))
+        if isinstance(value, dict) and value.get("run_id") == run_id:
+            return False
+        _write(client, paused_variable(target), {"target": target.name, "run_id": run_id}, WATCH_TAG)
+    return True

@@ -298,3 +298,21 @@ def test_the_watch_never_hands_over_a_working_or_a_paused_run(made, tmp_path, sh
     assert start_time(pid) == start
     if shape == "sleep":
         os.kill(pid, signal.SIGCONT)
+
+
+def test_a_pause_is_told_once_per_run_however_many_checks_see_it(made, tmp_path, prefect_harness, monkeypatch):
+    from relaunch.flows import recover
+
+    told: list[str] = []
+    real = recover.emit
+    monkeypatch.setattr(recover, "emit", lambda event, *a, **k: (told.append(event), real(event, *a, **k))[1])
+    t, _ = shaped(made, tmp_path, "sleep")
+    pid, start = trainer_of(t)
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: stopped(pid), 10, "the trainer to stop")
+    for _ in range(3):
+        assert recover.checked(t, 1).diagnosis.verdict is Verdict.PAUSED
+    assert told.count("relaunch.run.paused") == 1, told
+    assert told.count("relaunch.verdict.paused") == 3, told
+    os.kill(pid, signal.SIGCONT)
+    assert start_time(pid) == start

@@ -18,6 +18,7 @@
 # and nvidia-smi where present.
 RECORD_MAX_BYTES=1048576
 MARK_EVERY=10
+APPS_EVERY=12
 # The functions a detached recorder needs (start_recorder sends them to a fresh bash: the caller's script ends first).
 RECORDER_FUNCS=(nap now_us stat_fields_into starttime_into alive read_pid marked_pids record_progress progress_sample tree_of)
 
@@ -50,7 +51,10 @@ progress_sample() {
   [ -n "$log" ] && { size=$(stat -L -c %s -- "$log" 2> /dev/null) || size=0; }
   printf '@ %d.%06d %s\n' "$((us / 1000000))" "$((us % 1000000))" "$size"
   for p in "${TREE[@]:0:64}"; do
-    stat_fields_into st "$p" || continue
+    # One line, read without a process (lib.sh's stat_fields_into forks a subshell: 9 processes were 9 forks a sample).
+    { read -r line < "/proc/$p/stat"; } 2> /dev/null || continue
+    line=${line##*) }
+    read -ra st <<< "$line"
     intree[$p]=1
     ticks=$((st[11] + st[12] + st[13] + st[14])) io=0 wchan=0 comm=''
     if [ -r "/proc/$p/io" ]; then
@@ -75,12 +79,22 @@ progress_sample() {
       fi
     done < /proc/locks
   fi
-  if [ -n "$NVSMI" ]; then
-    while IFS=', ' read -r k v p line; do [ -n "$k" ] && echo "g $k $v $p $line"; done \
+  [ -n "$NVSMI" ] || return 0
+  # Each GPU's newest line from the long-lived nvidia-smi (GPU_FD: it prints a line per GPU every interval; read
+  # without waiting), else from one call; which GPU the tree's memory is on, every APPS_EVERY samples (it seldom moves).
+  local -A gpu=()
+  if [ -n "${GPU_FD-}" ]; then
+    while read -r -t 0 -u "$GPU_FD" 2> /dev/null && IFS= read -r -u "$GPU_FD" line; do gpu[${line%%,*}]=$line; done
+  else
+    while IFS= read -r line; do gpu[${line%%,*}]=$line; done \
       < <("$NVSMI" --query-gpu=index,utilization.gpu,memory.used,pci.bus_id --format=csv,noheader,nounits 2> /dev/null)
-    while IFS=', ' read -r p k line; do [ -n "${intree[$p]-}" ] && echo "a $p $k $line"; done \
-      < <("$NVSMI" --query-compute-apps=pid,used_memory,gpu_bus_id --format=csv,noheader,nounits 2> /dev/null)
   fi
+  for line in "${gpu[@]}"; do IFS=', ' read -r k v p line <<< "$line"; [ -n "$k" ] && echo "g $k $v $p $line"; done
+  if [ $((SAMPLES % APPS_EVERY)) = 0 ]; then
+    mapfile -t APPS < <("$NVSMI" --query-compute-apps=pid,used_memory,gpu_bus_id --format=csv,noheader,nounits 2> /dev/null)
+  fi
+  for line in "${APPS[@]}"; do IFS=', ' read -r p k line <<< "$line"; [ -n "${intree[$p]-}" ] && echo "a $p $k $line"; done
+  return 0
 }
 
 # record_progress RUN SECONDS: sample until the run is over (its trainer gone, or another run current).
@@ -91,7 +105,21 @@ record_progress() {
   exec 7>> "$run/recorder.lock" || return 0
   flock -n 7 || return 0
   printf '%s %s\n' "$BASHPID" "$(stat_fields_into st "$BASHPID" && echo "${st[19]}")" > "$run/recorder_pid"
-  NVSMI=$(command -v nvidia-smi 2> /dev/null)
+  NVSMI=$(command -v nvidia-smi 2> /dev/null) GPU_FD='' SAMPLES=0 APPS=()
+  if [ -n "$NVSMI" ]; then
+    # One nvidia-smi for the whole run (`-lms`: a line per GPU every interval from one NVML session; a call per sample
+    # costs tens of ms of CPU on a GPU host), ended with the recorder: its keeper looks every 5 s whether the recorder
+    # lives, so no nvidia-smi outlives a recorder that was killed.
+    local me=$BASHPID ms
+    ms=$(awk -v s="$every" 'BEGIN { printf "%d", (s < 0.5 ? 0.5 : s) * 1000 }')
+    coproc GPUQ {
+      "$NVSMI" --query-gpu=index,utilization.gpu,memory.used,pci.bus_id --format=csv,noheader,nounits -lms "$ms" 2> /dev/null &
+      nv=$!
+      while kill -0 "$me" 2> /dev/null && kill -0 "$nv" 2> /dev/null; do nap 5; done
+      kill "$nv" 2> /dev/null
+    }
+    GPU_FD=${GPUQ[0]}
+  fi
   while :; do
     { read -r cur < "$state/current"; } 2> /dev/null
     [ "$cur" = "${run##*/}" ] || break
@@ -103,7 +131,7 @@ record_progress() {
     [ "$gone" -ge 2 ] && [ ${#MARKED[@]} = 0 ] && break
     tree_of "$pid" "${MARKED[@]}"
     { progress_sample "$log"; } >> "$run/progress" 2> /dev/null || break
-    n=$((n + 1))
+    n=$((n + 1)) SAMPLES=$((SAMPLES + 1))
     if [ $((n % 32)) = 0 ] && [ "$(stat -c %s -- "$run/progress" 2> /dev/null || echo 0)" -gt "$RECORD_MAX_BYTES" ]; then
       # The newer half, from a sample's first line.
       tail -c $((RECORD_MAX_BYTES / 2)) -- "$run/progress" | sed -n '/^@ /,$p' > "$run/progress.tmp" && mv -f -- "$run/progress.tmp" "$run/progress"
@@ -136,7 +164,7 @@ start_recorder() {
   (
     cd / || exit 0
     unset RELAUNCH_RUN RELAUNCH_TARGET
-    exec setsid -f bash --noprofile --norc -c "$(declare -f "${RECORDER_FUNCS[@]}"); RECORDER_FUNCS=(); RECORD_MAX_BYTES=$RECORD_MAX_BYTES; MARK_EVERY=$MARK_EVERY; record_progress \"\$@\"" \
+    exec setsid -f bash --noprofile --norc -c "$(declare -f "${RECORDER_FUNCS[@]}"); RECORDER_FUNCS=(); RECORD_MAX_BYTES=$RECORD_MAX_BYTES; MARK_EVERY=$MARK_EVERY; APPS_EVERY=$APPS_EVERY; record_progress \"\$@\"" \
       relaunch-recorder "$run" "$every" < /dev/null > /dev/null 2>&1
   )
   return 0
