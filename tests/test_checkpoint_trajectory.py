@@ -244,6 +244,20 @@ def test_a_run_that_resumed_from_the_new_trajectory_and_saved_nothing_resumes_fr
     assert skip_of(choice, "step_800.pt") is Reason.ABANDONED_BRANCH
 
 
+def test_a_run_sent_back_to_the_first_stages_end_that_saved_nothing_yet_resumes_from_there_again(target):
+    """Stage 2 counted from 0 in the same names (step_100, step_200, after step_5000); a person judged it bad and sent
+    the run back to step_5000, and it died before saving: step_5000, not stage 2's newer step_200, and nobody asked."""
+    ckpt, at = Path(target.checkpoint_dir), 1_000_000.0
+    for i, step in enumerate((4000, 5000)):
+        put(ckpt / f"step_{step}.pt", torch_bytes(i, 64), at - 2 * HOUR + 60 * i)
+    for i, step in enumerate((100, 200)):
+        put(ckpt / f"step_{step}.pt", torch_bytes(10 + i, 64), at - HOUR + 60 * i)
+    record_run(target, at, resumed="step_5000.pt", died=at + 30)
+    choice = chosen(target)
+    assert choice.name == "step_5000.pt" and "the checkpoint the current run resumed from" in choice.why, describe(choice)
+    assert skip_of(choice, "step_200.pt") is Reason.EARLIER_TRAJECTORY, choice.skips
+
+
 def test_where_write_order_and_step_order_disagree_and_nothing_says_which_trajectory_a_person_is_asked(target):
     rolled_back(target, 1_000_000.0)  # no record of the current run: a target relaunch never launched
     with pytest.raises(CheckpointUnusable) as raised:
@@ -411,7 +425,11 @@ def histories(draw):
             counter = _advance(scheme, counter, _Draw(draw))
             name = SCHEMES[scheme].format(g=counter[0], e=counter[1], s=counter[2]) + LAYOUTS[layout]
             last = i == n - 1
-            whole = not (last and not must_finish and not (j == 0 and i == 0) and draw(st.booleans()))
+            # The limit the docs state: a folder lacking a file, with no whole earlier save read beside it (the host reads
+            # the 8 newest) to compare with, reads as whole.
+            others = sorted((s for other, s in folder_state.items() if other != name), key=lambda s: -s.written)[: PROBED - 1]
+            comparable = layout != "folder" or any(s.whole for s in others)
+            whole = not (last and not must_finish and comparable and draw(st.booleans()))
             files = content if whole else _cut(content, _Draw(draw))
             files = files if files or layout == "folder" else {"": b""}  # a file is created before it is written
             first = clock + draw(st.floats(1, 600))
