@@ -24,7 +24,7 @@ LAUNCH_ADVICE: dict[int | None, str] = {
     16: "the compile cache is half-warmed: run the recovery again (it warms it anew)",
     17: "another launch of this target is under way: let it finish, then check again",
     18: "a live process carries this target's marker, a trainer relaunch no longer records: stop the PIDs named, or adopt the run",
-    19: "a live process has files open under checkpoint_dir, e.g. a trainer started by hand: stop it first",
+    19: "a live process has files open for writing under checkpoint_dir, e.g. a trainer started by hand: stop it first",
     20: "the state folder belongs to another target: give each target its own state_dir",
     21: "a live process runs the launch command's program in repo_dir, a trainer started by hand outside tmux or under the "
     "target's old name: let it run, or stop it yourself and recover again",

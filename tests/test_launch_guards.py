@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,6 +253,37 @@ def test_launch_refuses_while_another_process_has_checkpoint_files_open(made):
         nothing_launched(t, set())
     finally:
         kill_group(proc)
+
+
+HOLDER = "import sys, time\nf = open(sys.argv[1], sys.argv[2])\nprint('held', flush=True)\ntime.sleep(600)\n"
+
+
+@pytest.mark.parametrize("mode", ["rb", "r+b", "ab"])
+def test_a_process_holding_a_checkpoint_open_blocks_a_launch_only_when_it_writes_there(made, tmp_path, mode):
+    """A backup reading the checkpoint (open read-only) is no second trainer: the launch goes on beside it and the
+    reader reads on. A process with a checkpoint file open for writing (read-write or append) is refused by exit 19."""
+    t = made()
+    Path(t.checkpoint_dir).mkdir(parents=True)
+    held = Path(t.checkpoint_dir) / "step_5.pt"
+    with zipfile.ZipFile(held, "w") as z:  # torch.save's format: a zip archive
+        z.writestr("step_5/data.pkl", b"weights")
+    holder = subprocess.Popen(
+        [PYTHON, "-c", HOLDER, str(held), mode], cwd=tmp_path, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        start = start_time(holder.pid)
+        if mode == "rb":
+            detail, _ = launch.fn(t, 1)
+            assert detail.pid and collect_snapshot(t).pid_alive, "a reader of checkpoint_dir kept the run from launching"
+        else:
+            error = refused(t, 19)
+            assert f"PID {holder.pid}: {PYTHON} -c" in str(error) and t.checkpoint_dir in str(error)
+            nothing_launched(t, set())
+        keeps_stepping(holder, start)
+    finally:
+        kill_group(holder)
+        subprocess.run(["tmux", "kill-session", "-t", f"={t.tmux_session}"], capture_output=True)
 
 
 def test_a_second_target_on_the_same_state_folder_is_refused_and_the_first_trains_on(made):

@@ -11,7 +11,8 @@
 #   14 no PID recorded in time                                15 the venv is half-built (.relaunch-building)
 #   16 the compile cache is half-warmed (.relaunch-warming)   17 another launch holds the lock
 #   18 a live process carries this target's marker (RELAUNCH_TARGET, or a RELAUNCH_RUN of its state or legacy state)
-#   19 a live process has files open under checkpoint_dir (a trainer started by hand writes the same checkpoints)
+#   19 a live process has files open for writing under checkpoint_dir (a trainer started by hand writes the same
+#      checkpoints; a reader, such as a backup, is no trainer and does not count)
 #   20 the state folder belongs to another target (STATE/target)
 #   21 a live process runs the launch command's program in repo_dir (a trainer started by hand, outside tmux)
 # shellcheck source=lib.sh
@@ -58,11 +59,11 @@ if [ ${#marked[@]} -gt 0 ]; then
   exit 18
 fi
 if [ -n "$checkpoint_dir" ] && [ -d "$checkpoint_dir" ]; then
-  mapfile -t writers < <(pids_with_files_under "$checkpoint_dir" | others)
+  mapfile -t writers < <(pids_writing_files_under "$checkpoint_dir" | sort -un | others)
   if [ ${#writers[@]} -gt 0 ]; then
-    echo "live processes have files open under checkpoint_dir $checkpoint_dir: a trainer started by hand would write the same checkpoint files; refusing to start a second one:"
+    echo "live processes have files open for writing under checkpoint_dir $checkpoint_dir: a trainer started by hand writes the same checkpoint files; refusing to start a second one:"
     describe_pids "${writers[@]}"
-    echo "stop that trainer (or wait for the program reading the checkpoints to finish), then launch again"
+    echo "stop that trainer (or wait for the program writing there to finish), then launch again"
     exit 19
   fi
 fi

@@ -85,6 +85,23 @@ pids_with_files_under() {
   find /proc/[0-9]*/fd -lname "$(glob_quote "$d")/*" -o -lname "$(glob_quote "$r")/*" 2> /dev/null | cut -d/ -f3 | sort -un
   return 0
 }
+# Every live process with a file open FOR WRITING under DIR (write-only or read-write, by /proc/PID/fdinfo's flags, as
+# snapshot.sh's tree_activity reads them), one PID a line: a trainer writes its checkpoints there; a backup, an
+# evaluation or a person's `python -c "torch.load(...)"` only reads them, and is no second trainer.
+pids_writing_files_under() {
+  local d=${1%/} r fd k v flags p last=''
+  r=$(readlink -f -- "$d" 2> /dev/null) || r=$d
+  while IFS= read -r fd; do
+    p=${fd#/proc/} p=${p%%/*}
+    [ "$p" = "$last" ] && continue
+    flags=''
+    while read -r k v; do [ "$k" = flags: ] && { flags=$v; break; }; done < "/proc/$p/fdinfo/${fd##*/}" 2> /dev/null
+    { [ -n "$flags" ] && (( (8#$flags & 3) != 0 )); } || continue
+    last=$p
+    printf '%s\n' "$p"
+  done < <(find /proc/[0-9]*/fd -lname "$(glob_quote "$d")/*" -o -lname "$(glob_quote "$r")/*" 2> /dev/null)
+  return 0
+}
 # The program a launch command runs, as its processes' arguments name it: the first word naming a script (`train.py`,
 # `start.sh`, by its file name), or the module after `-m`. Empty when the command names neither.
 program_of() {
