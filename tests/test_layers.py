@@ -54,6 +54,18 @@ def test_a_task_that_imports_a_flow_breaks_the_contract(tmp_path):
     assert result.returncode == 1 and "relaunch.tasks.stop (tasks) imports relaunch.flows.recover (flows)" in result.stdout
 
 
+@pytest.mark.parametrize("where", ["tests/test_x.py", "bench/x.py", "flows/x.py", "relaunch/cli/x.py"])
+@pytest.mark.parametrize("name", ["flows.recover", "tasks.stop", "demo.scenarios"])
+def test_a_top_level_folder_imported_by_its_bare_name_breaks_the_contract_wherever_it_is(tmp_path, where, name):
+    # One import name per module: `flows.recover` beside `relaunch.flows.recover` is a second copy with its own tables.
+    root = copy_of_the_house(tmp_path)
+    path = root / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"from {name} import x  # noqa\n")
+    result = lint(root)
+    assert result.returncode == 1 and f"{where}:1: imports {name}: import it as relaunch.{name}" in result.stdout, result.stdout
+
+
 # (file, what it gains, the words the contract must say): an upward import in every layer, the plans' and a relative one.
 UPWARD = [
     ("relaunch/plans/stop.py", "from relaunch.tasks.stop import stop", "relaunch.plans.stop (plans) imports relaunch.tasks.stop (tasks)"),

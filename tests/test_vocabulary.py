@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from flows.recover import OWN_CALLERS, RUNNERS, NoRunner, run_steps
+from relaunch.flows.recover import OWN_CALLERS, RUNNERS, NoRunner, run_steps
 from relaunch.deciding.playbook import PLAYBOOK, steps_for
 from relaunch.judging.findings import Diagnosis
 from relaunch.judging.snapshot import HealthSnapshot
