@@ -313,6 +313,32 @@ def test_launch_refuses_an_existing_tmux_session_and_leaves_its_program_running(
         subprocess.run(["tmux", "kill-session", "-t", f"={t.tmux_session}"], capture_output=True)
 
 
+def test_a_session_holding_only_a_persons_idle_shell_gets_the_run_in_a_new_window_and_the_shell_is_left_alone(made):
+    """The person's shell kept the session alive after their trainer crashed: no trainer, no reason to stay dead."""
+    t = made()
+    subprocess.run(["tmux", "new-session", "-d", "-s", t.tmux_session, "-c", t.repo_dir], check=True)  # the default shell
+    try:
+        shell = int(subprocess.check_output(["tmux", "list-panes", "-s", "-t", f"={t.tmux_session}", "-F", "#{pane_pid}"], text=True))
+        idle = Path(f"/proc/{shell}/task/{shell}/children")
+        wait_for(lambda: Path(f"/proc/{shell}/comm").read_text().strip() == "bash" and not idle.read_text().split(), 20, "an idle shell")
+        start = start_time(shell)
+        detail, _ = launch.fn(t, 1)
+        snap = collect_snapshot(t)
+        assert detail.pid and snap.pid_alive and not snap.foreign, "the run started in the session and is relaunch's own"
+        pane, _ = recorded(run_record(t) / "pane")
+        assert pane != shell and pane in {
+            int(p)
+            for p in subprocess.check_output(
+                ["tmux", "list-panes", "-s", "-t", f"={t.tmux_session}", "-F", "#{pane_pid}"], text=True
+            ).split()
+        }
+        assert start_time(shell) == start, "the person's shell was touched"
+        stop.fn(t)
+        assert start_time(shell) == start and tmux_alive(t.tmux_session), "a stop closed more than the run's own pane"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", f"={t.tmux_session}"], capture_output=True)
+
+
 @pytest.mark.parametrize(
     ("folder", "marker", "code"), [("venv_dir", ".relaunch-building", 15), ("inductor_cache_dir", ".relaunch-warming", 16)]
 )

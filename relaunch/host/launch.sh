@@ -6,7 +6,8 @@
 #   "name repo_dir tmux_session" (claim_state); LEGACY_STATE the older state folder whose marked runs still count
 #   as this target's; CHECKPOINT_DIR may be empty (none configured).
 # Prints the trainer's "PID STARTTIME" (or "adopted" after it, for a retry of this very launch). Exit codes:
-#   10 the recorded trainer of the current run is alive       11 the tmux session exists
+#   10 the recorded trainer of the current run is alive       11 the tmux session exists and a pane runs a program
+#                                                                (one of idle shells only gets the run in a new window)
 #   12 a folder could not be made                             13 tmux could not start the session
 #   14 no PID recorded in time                                15 the venv is half-built (.relaunch-building)
 #   16 the compile cache is half-warmed (.relaunch-warming)   17 another launch holds the lock
@@ -17,6 +18,8 @@
 #   21 a live process runs the launch command's program in repo_dir (a trainer started by hand, outside tmux)
 # shellcheck source=lib.sh
 . ./lib.sh
+# shellcheck source=panes.sh
+. ./panes.sh
 state=$1 session=$2 run_id=$3 log=$4 supervisor=$5 launcher=$6 wait_s=$7 venv=$8 cache=$9 checkpoint=${10}
 identity=${11} legacy_state=${12} checkpoint_dir=${13} record_s=${14}; shift 14
 # A marker in our own environment (relaunch run from inside a trainer) must not make the processes we start
@@ -89,7 +92,24 @@ while read -r dead pane_id; do
   screen="$state/dead_pane_$(date -u +%Y%m%dT%H%M%SZ)_${pane_id#%}.txt"
   tmux capture-pane -p -S - -t "$pane_id" > "$screen" 2> /dev/null && tmux kill-pane -t "$pane_id" 2> /dev/null
 done < <(tmux list-panes -s -t "=$session" -F '#{pane_dead} #{pane_id}' 2> /dev/null)
-if tmux has-session -t "=$session" 2>/dev/null; then echo "tmux session $session exists: refusing to start a second trainer"; exit 11; fi
+# A session that still exists: a person's window (an idle shell, kept after their trainer crashed, or opened to look
+# around) is no trainer and no reason to leave the run dead: the run starts in a new window of that session. A pane that
+# runs anything (a trainer, `tail -f`, an editor) is refused, named, for a person to judge.
+window=0
+if tmux has-session -t "=$session" 2>/dev/null; then
+  busy=()
+  while read -r ppid pid_of_pane; do
+    dying "$ppid" && continue
+    pane_tops "$ppid"
+    for p in "${TOPS[@]}"; do cmdline_into c "$p"; busy+=("  PID $p in pane $pid_of_pane: ${c:0:200}"); done
+  done < <(tmux list-panes -s -t "=$session" -F '#{pane_pid} #{pane_id}' 2> /dev/null)
+  if [ ${#busy[@]} -gt 0 ]; then
+    echo "tmux session $session exists, and its panes run programs (a pane holding only an idle shell would not stop the launch): refusing to start a second trainer:"
+    printf '%s\n' "${busy[@]}"
+    exit 11
+  fi
+  window=1
+fi
 # A trainer started by hand (`nohup python train.py > log &`, outside tmux, or under the target's old name) has no
 # marker: it runs the launch command's program with its working folder in the repo.
 mapfile -t programs < <(programs_of "$3" "$1")
@@ -123,7 +143,17 @@ printf '%s\n' "$run_id" > "$state/current.tmp" && mv -f "$state/current.tmp" "$s
 # The pane closed above, or anyone's, may have been the server's last session: tmux then exits, and destroys as it goes
 # a session created in that moment (the new trainer would be hung up a second after its start). Wait it out, and ask
 # again where the server went away under the command itself.
+pane_pid='' pane_id=''
+if [ "$window" = 1 ]; then
+  # -P: the new pane's own PID and id (the session's active pane is the person's, not this run's).
+  out=$(tmux new-window -d -P -F '#{pane_pid} #{pane_id}' -t "=$session:" env -u RELAUNCH_RUN -u RELAUNCH_TARGET bash "$run/launcher.sh" "$run" 2>&1 9>&-) \
+    && read -r pane_pid pane_id <<< "$out"
+  # The person's shell ended meanwhile, and the session with it: a session of its own, as with none.
+  [ -n "$pane_pid" ] || tmux has-session -t "=$session" 2> /dev/null || window=0
+  [ -n "$pane_pid" ] || [ "$window" = 0 ] || { echo "tmux new-window in session $session failed: $out"; exit 13; }
+fi
 for try in 1 2 3; do
+  [ "$window" = 1 ] && break
   tmux_settled 5
   out=$(tmux new-session -d -s "$session" -x 220 -y 50 env -u RELAUNCH_RUN -u RELAUNCH_TARGET bash "$run/launcher.sh" "$run" 2>&1 9>&-) && break
   case $out in *"server exited unexpectedly"* | *"lost server"*) [ "$try" -lt 3 ] && continue ;; esac
@@ -132,7 +162,7 @@ for try in 1 2 3; do
 done
 # The pane that is this run's, so that a stop ends exactly it (a window the user opened beside it is not ours).
 # `=NAME:`: tmux 3.3 reads a bare `=NAME` as a pane target to nothing (empty output, exit 0).
-read -r pane_pid pane_id < <(tmux display-message -p -t "=$session:" '#{pane_pid} #{pane_id}' 2>/dev/null)
+[ "$window" = 1 ] || read -r pane_pid pane_id < <(tmux display-message -p -t "=$session:" '#{pane_pid} #{pane_id}' 2>/dev/null)
 if [ -n "${pane_pid-}" ]; then
   record_pid "$pane_pid" "$run/pane"
   printf '%s\n' "$pane_id" > "$run/pane_id.tmp" && mv -f "$run/pane_id.tmp" "$run/pane_id"
