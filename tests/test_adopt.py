@@ -211,6 +211,36 @@ def test_the_log_of_relaunchs_own_run_renamed_under_it_is_followed(made):
     assert steps and steps[-1] > at + 2, "the poll reads the lines written after the rename"
 
 
+# A trainer in Python that logs to a file of its own in the target's log_dir (as `logging` does) while its output goes
+# to the terminal: no tee, no stdout to a file. sys.argv[1]: the log.
+PY_LOGGER = (
+    "import sys, time\n"
+    "log = open(sys.argv[1], 'a')\n"
+    "for i in range(1, 100000):\n"
+    "    print(f'step={i} loss=3.6441 lr=3.96e-04', file=log, flush=True)\n"
+    "    print('.', end='', flush=True)\n"
+    "    time.sleep(0.2)\n"
+)
+
+
+def test_a_trainer_restarted_by_hand_in_a_new_window_beside_a_persons_idle_shell_is_adopted(made, by_hand):
+    """Every pane of the session is read: the person's idle shell is no trainer, and the trainer in the window they
+    opened, logging to a file of its own in log_dir (its output to the terminal), is the run: adopted, judged healthy."""
+    target = made()
+    shell = by_hand(target.tmux_session, "bash -i", target.repo_dir)
+    log = Path(target.log_dir) / "by_hand.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = f"cd {shlex.quote(target.repo_dir)} && exec {shlex.quote(sys.executable)} -c {shlex.quote(PY_LOGGER)} {shlex.quote(str(log))}"
+    trainer = proc(open_window(target.tmux_session, command))
+    stepping(log)
+    result = check_health.fn(target)
+    assert result.diagnosis.verdict is Verdict.HEALTHY, result.diagnosis
+    assert result.snapshot.adopted and result.snapshot.pid == trainer.pid
+    run = run_folder(target)
+    assert (run / "adopted").read_text().strip() == "open" and (run / "log_path").read_text().strip() == str(log)
+    assert shell.alive() and trainer.alive()
+
+
 def test_a_run_restarted_by_hand_after_relaunchs_own_run_died_is_adopted_not_recovered(made, by_hand, tmp_path):
     target = made(env={"EXIT_AT": "3", "EXIT_CODE": "1"})
     launch.fn(target, 1)

@@ -3,10 +3,10 @@
 # Adopt a run a person started in the target's tmux session: record it as the current run (PIDs with start
 # times, its pane, its log), so that later polls judge it and later stops and recoveries treat it as relaunch's.
 # Nothing is signalled. $3: the log the run writes ('' : found from the pane's processes), $4: the target's
-# identity (STATE/target), $5: the new run id.
+# identity (STATE/target), $5: the new run id, $7: the target's log_dir (a log the run holds open for writing there).
 # shellcheck source=lib.sh
 . ./lib.sh
-state=$1 session=$2 given=$3 identity=$4 new_id=$5 wait_s=${6:-30}
+state=$1 session=$2 given=$3 identity=$4 new_id=$5 wait_s=${6:-30} logdir=${7:-}
 # Exit codes: 12 a folder could not be made; 17 another launch or adoption holds the lock; 20 the state folder
 # belongs to another target (lib.sh claim_state); 21 the session is relaunch's own run; 22 a trainer of this
 # target recorded by relaunch is alive elsewhere; 23 no such tmux session; 24 no log found (name it: --log);
@@ -51,7 +51,7 @@ for line in "${PANES[@]}"; do
     [ -n "$holder" ] || [ -z "$pane" ] || continue
     pane=${line%% *} pane_id=${line#* } log=$given how=--log writer=$holder
     [ -n "$holder" ] && break
-  elif pane_log "${line%% *}"; then
+  elif pane_log "${line%% *}" "$logdir"; then
     pane=${line%% *} pane_id=${line#* } log=$LOGF how=$HOW writer=$WRITER
     break
   fi

@@ -102,8 +102,27 @@ tee_file_into() {
   done
   return 1
 }
+# VAR=the newest-written regular file PID holds open for writing (fdinfo flags) under DIR: a trainer that logs through
+# Python `logging` to the target's log_dir while its output goes to the terminal. Fails when it holds none there.
+written_file_under_into() {
+  local _d=${3%/} _r _fd _k _v _flags _f _m _best='' _best_m=0
+  [ -n "$_d" ] || return 1
+  _r=$(readlink -f -- "$_d" 2> /dev/null) || _r=$_d
+  for _fd in /proc/"$2"/fd/*; do
+    _f=$(readlink "$_fd" 2> /dev/null) || continue
+    [[ $_f == "$_r"/* || $_f == "$_d"/* ]] || continue
+    [ -f "$_fd" ] || continue
+    _flags=''
+    while read -r _k _v; do [ "$_k" = flags: ] && { _flags=$_v; break; }; done < "/proc/$2/fdinfo/${_fd##*/}" 2> /dev/null
+    { [ -n "$_flags" ] && (( (8#$_flags & 3) != 0 )); } || continue
+    _m=$(stat -L -c %Y -- "$_fd" 2> /dev/null) || continue
+    if [ -z "$_best" ] || [ "$_m" -gt "$_best_m" ]; then _best=$_f _best_m=$_m; fi
+  done
+  [ -n "$_best" ] && printf -v "$1" '%s' "$_best"
+}
 # LOGF=the log the processes of pane PID write, WRITER=the process writing it, HOW=how it was found: `tee` (a
-# tee's file) or `stdout` (a process whose standard output is a regular file). Fails when none is found.
+# tee's file), `stdout` (a process whose standard output is a regular file) or, given LOGDIR (the target's log_dir),
+# `open` (a file a process of the pane holds open for writing there). Fails when none is found.
 # shellcheck disable=SC2034  # WRITER and HOW are for the adoption; the poll reads LOGF only
 pane_log() {
   local p comm f
@@ -116,6 +135,10 @@ pane_log() {
   done
   for p in "$1" "${DESC[@]}"; do
     [ -f "/proc/$p/fd/1" ] && f=$(readlink "/proc/$p/fd/1") && [ -f "$f" ] && { LOGF=$f WRITER=$p HOW=stdout; return 0; }
+  done
+  [ -n "${2-}" ] || return 1
+  for p in "$1" "${DESC[@]}"; do
+    written_file_under_into f "$p" "$2" && { LOGF=$f WRITER=$p HOW=open; return 0; }
   done
   return 1
 }

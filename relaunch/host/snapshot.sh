@@ -310,7 +310,7 @@ if [ "$session_up" = 1 ]; then
     for line in "${PANES[@]}"; do
       pane_tops "${line%% *}"
       for p in "${TOPS[@]}"; do cmdline_into c "$p"; echo "$p ${c:0:300}"; done
-      [ ${#TOPS[@]} -gt 0 ] && [ -z "$foreign_log" ] && pane_log "${line%% *}" && foreign_log=$LOGF
+      [ ${#TOPS[@]} -gt 0 ] && [ -z "$foreign_log" ] && pane_log "${line%% *}" "$logdir" && foreign_log=$LOGF
     done
     [ -n "$foreign_log" ] && echo "$M foreign_log $foreign_log"
   fi

@@ -17,7 +17,10 @@ class Adoption(BaseModel):
     run_id: str = Field(description="The run folder now current: STATE/runs/<stamp>-adopted.")
     pid: int = Field(description="The adopted trainer: the pane's process, or what an interactive shell started.")
     pane_id: str = Field("", description="The tmux pane (`%N`) it runs in.")
-    how: str = Field(description="How its log was found: `tee` (a tee's file), `stdout` (its standard output), `--log` (named).")
+    how: str = Field(
+        description="How its log was found: `tee` (a tee's file), `stdout` (its standard output), `open` (a file it "
+        "holds open for writing in log_dir), `--log` (named)."
+    )
     log_path: str
     command: str = Field("", description="The trainer's command line.")
 
@@ -31,6 +34,7 @@ def plan_adopt(target: Target, run_id: str, log_file: str | None = None) -> Comm
         state_identity(target),
         run_id,
         str(LOCK_WAIT_SECONDS),
+        target.log_dir,
         label="adopt the run in tmux",
         timeout_seconds=LOCK_WAIT_SECONDS + 60,
     )
