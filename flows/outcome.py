@@ -38,7 +38,8 @@ def is_fine(report: Report) -> bool:
 def one_line(report: Report) -> str:
     verdict = report.verdict.value if report.verdict else "no verdict"
     cause = f" ({report.cause.value})" if report.cause else ""
-    first = " ".join((report.message or "").split())
+    # What to do follows in its own part of an ending (ending), never twice.
+    first = " ".join((report.message or "").split(" | what to do:", 1)[0].split())
     return f"{report.target} on {report.host}: {verdict}{cause}: {first}"[:MESSAGE_CHARS]
 
 

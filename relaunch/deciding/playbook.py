@@ -160,6 +160,8 @@ def choose_action(
         return Action.FULL_RECOVERY, "forced: run the full procedure even though the run looks fine"
     if action is Action.NONE:
         return action, why
+    if diagnosis.no_step_fixes:
+        return _no_step_fixes(diagnosis, earlier, attempts_left, unfinished or [])
     if earlier and _same_failure(earlier[-1], diagnosis) and not _progressed(earlier[-1], diagnosis):
         # An intact checkpoint that still will not load once venv and code are back to the lock and known_good_ref:
         # nothing drifted, so the load error itself is what a person must read.
@@ -173,6 +175,23 @@ def choose_action(
     if attempts_left <= 0:
         return Action.ESCALATE, "attempts budget spent"
     return redo_unfinished(action, why, unfinished or [])
+
+
+def _no_step_fixes(diagnosis: Diagnosis, earlier: list[Diagnosis], attempts_left: int, unfinished: list[str]) -> tuple[Action, str]:
+    """A death no step can change: relaunched once as it is (a one-off, a file that came back), never rebuilt, restored
+    or re-warmed; the same death with the same words again escalates, its own line first, with what a person must fix."""
+    line = diagnosis.cause_line
+    if earlier and _same_failure(earlier[-1], diagnosis) and earlier[-1].cause_line == line:
+        return (
+            Action.ESCALATE,
+            f"{line} | cause: {diagnosis.no_step_fixes}; it repeated with the same words after a relaunch | what to do: fix "
+            "the target's launch_command (or create what it names in repo_dir), then `relaunch recover TARGET`",
+        )
+    if attempts_left <= 0:
+        return Action.ESCALATE, f"{line} | cause: {diagnosis.no_step_fixes} | attempts budget spent"
+    return redo_unfinished(
+        Action.RELAUNCH, f"{line}: {diagnosis.no_step_fixes}: relaunched once as it is, escalated if the same words return", unfinished
+    )
 
 
 def steps_for(action: Action, unfinished: list[str] | None = None) -> list[Step]:

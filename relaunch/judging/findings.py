@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pydantic import BaseModel, Field
@@ -42,6 +43,16 @@ class Diagnosis(BaseModel):
     repo_dir_missing: str | None = Field(
         None, description="The target's repo_dir, where the host has no such folder and nothing is on record: a target to fix, not a run."
     )
+    no_step_fixes: str | None = Field(
+        None,
+        description="Why no recovery step (venv, code, cache, checkpoint) can change this death, read from the evidence (the "
+        "command line itself refused, exit 2): relaunched once to see it repeat, then escalated with what a person must fix.",
+    )
+
+    @property
+    def cause_line(self) -> str:
+        """The root cause's own line as the trainer or a step printed it (never relaunch's bookkeeping), else the summary."""
+        return cause_line(self.evidence) or self.summary
 
     @property
     def settled(self) -> bool:
@@ -68,6 +79,21 @@ class Progress:
     polls: int = 0
     # py-spy samples of a quiet, busy tree: (host time, every thread of every process waiting).
     stack_samples: tuple[tuple[float, bool, str], ...] = ()
+
+
+# relaunch's own lines in a trainer's log and evidence (its launch banner, its exit record, the exit code it read):
+# what happened around the death, never its cause.
+BOOKKEEPING = re.compile(r"^\s*(\[relaunch\]|exit code -?\d+|no exit code|launcher: exit code)")
+
+
+def own_lines(lines: list[str]) -> list[str]:
+    """The lines of evidence that are the trainer's or a step's own words, in their order."""
+    return [line for line in lines if line.strip() and not BOOKKEEPING.match(line)]
+
+
+def cause_line(evidence: list[str]) -> str:
+    """The evidence line a person reads first: the first that is not relaunch's own bookkeeping ("" where none is)."""
+    return next(iter(own_lines(evidence)), "")
 
 
 def run_pids(snap: HealthSnapshot) -> set[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from relaunch.judging.findings import Diagnosis, Metrics, last_log_lines, run_pids
+from relaunch.judging.findings import Diagnosis, Metrics, last_log_lines, own_lines, run_pids
 from relaunch.judging.hardware import disk_full_evidence, free_space_now, full_disk_evidence
 from relaunch.judging.signatures import (
     CACHE_DAMAGE_WARNING,
@@ -244,12 +244,33 @@ def judge_gone(snap: HealthSnapshot, metrics: Metrics, min_free_disk_gb: float =
             evidence=evidence,
             metrics=metrics,
         )
+    tail = last_log_lines(snap, 3)
+    # The trainer's own last words first (a usage error's `error:` line follows its `usage:` line), then relaunch's
+    # bookkeeping around them (its start banner, its exit record): a banner is never the line a person reads first.
+    own = own_lines(tail)
+    said = own[-1:] + own[:-1]
+    refused = _refused_command(code, metrics, said)
     return Diagnosis(
         verdict=Verdict.CRASHED,
         cause=Cause.ERROR,
-        summary=f"exited {code} without a traceback",
-        evidence=[*last_log_lines(snap, 3), exit_text],
+        summary=f"exited {code}: {said[0].strip()}" if refused else f"exited {code} without a traceback",
+        evidence=[*said, *(line for line in tail if line not in own), exit_text],
         metrics=metrics,
+        no_step_fixes=refused,
+    )
+
+
+# Exit status 2 is the command line's own refusal: Python's for a script it cannot open, argparse's (and most CLIs')
+# for a usage error. Before a single step, with nothing else said, no step relaunch runs changes the command line.
+USAGE_EXIT = 2
+
+
+def _refused_command(code: int, metrics: Metrics, said: list[str]) -> str | None:
+    if code != USAGE_EXIT or metrics.steps_seen or not said:
+        return None
+    return (
+        "the launch command was refused as given (exit 2, before any step: a script or file it names is missing, or "
+        "arguments the program does not accept); no recovery step changes the command line"
     )
 
 

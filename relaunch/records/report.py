@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field
 
 from relaunch.deciding.gang import NodeHealth
-from relaunch.judging.findings import Metrics
+from relaunch.judging.findings import Metrics, cause_line
 from relaunch.judging.snapshot import GpuSample
 from relaunch.records.goodput import Observation
 from relaunch.steps import StepRecord
@@ -90,7 +90,11 @@ class Report(BaseModel):
         if first is None:  # refused before any check (a preflight, a lock held)
             return outcome or "no verdict"
         found = first.verdict.value + (f" ({first.cause.value})" if first.cause else "")
-        return f"{found} -> {outcome}" if outcome else found
+        last = self.attempts[-1]
+        said = cause_line(last.evidence) if outcome == "escalated" and not self.refusal else ""
+        # An escalation's name carries the root cause's own line: what a person must read is in the run list itself.
+        said = f": {_elided(' '.join(said.split()), HEADLINE_CAUSE_CHARS)}" if said else ""
+        return f"{found} -> {outcome}{said}" if outcome else found
 
     def timeline(self) -> list[str]:
         lines = []
@@ -135,6 +139,18 @@ def _action(attempt: Attempt) -> str:
     if attempt.acted or attempt.action is Action.NONE:
         return attempt.action.value
     return f"would do {attempt.action.value} (nothing done)"
+
+
+# The root cause's line in a headline (a flow run's name holds 200 characters in all).
+HEADLINE_CAUSE_CHARS = 140
+
+
+def _elided(text: str, most: int) -> str:
+    """TEXT in at most MOST characters, its middle left out: an error's start and its end (the file, the errno's words) both stay."""
+    if len(text) <= most:
+        return text
+    keep = (most - 1) // 2
+    return f"{text[:keep]}…{text[len(text) - (most - 1 - keep) :]}"
 
 
 # Notes of one step shown in the terminal's timeline; the markdown report has them all.
