@@ -286,6 +286,54 @@ def test_a_process_holding_a_checkpoint_open_blocks_a_launch_only_when_it_writes
         subprocess.run(["tmux", "kill-session", "-t", f"={t.tmux_session}"], capture_output=True)
 
 
+# A trainer that sets its own process title (setproctitle): `exec -a` gives it another argv[0], and it writes its
+# command name in /proc/self/comm and its log in log_dir. sys.argv[1]: the log.
+RENAMED = (
+    "import pathlib, sys, time\n"
+    "pathlib.Path('/proc/self/comm').write_text('trainer-rank0')\n"
+    "log = open(sys.argv[1], 'a')\n"
+    "print('renamed', flush=True)\n"
+    "while True:\n"
+    "    print('step=1 loss=2.0', file=log, flush=True)\n"
+    "    time.sleep(0.2)\n"
+)
+
+
+@pytest.mark.parametrize("where", ["repo_dir", "elsewhere"])
+def test_a_renamed_python_trainer_writing_the_log_dir_from_repo_dir_is_found_and_blocks_a_second_one(made, tmp_path, where):
+    """Its name says nothing (argv and comm are its own title): a Python working in repo_dir that writes under log_dir is
+    this target's trainer by what it is and does, refused by exit 21 and named as a stray; the same process working
+    elsewhere is none of this target's, and the launch goes on."""
+    t = made()
+    Path(t.log_dir).mkdir(parents=True, exist_ok=True)
+    log = Path(t.log_dir) / "by_hand.log"
+    cwd = t.repo_dir if where == "repo_dir" else str(tmp_path)
+    renamed = subprocess.Popen(
+        ["bash", "-c", 'exec -a "trainer: rank 0" "$0" -c "$1" "$2"', PYTHON, RENAMED, str(log)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert renamed.stdout.readline().strip() == "renamed"
+        assert Path(f"/proc/{renamed.pid}/comm").read_text().strip() == "trainer-rank0"
+        start = start_time(renamed.pid)
+        if where == "repo_dir":
+            strays = collect_snapshot(t).strays
+            assert [line for line in strays if line.startswith(f"{renamed.pid} ")], f"the renamed trainer is no stray: {strays}"
+            error = refused(t, 21)
+            assert f"PID {renamed.pid}: trainer: rank 0" in str(error)
+            nothing_launched(t, set())
+        else:
+            detail, _ = launch.fn(t, 1)
+            assert detail.pid and collect_snapshot(t).pid_alive
+        keeps_stepping(renamed, start)
+    finally:
+        kill_group(renamed)
+        subprocess.run(["tmux", "kill-session", "-t", f"={t.tmux_session}"], capture_output=True)
+
+
 def test_a_second_target_on_the_same_state_folder_is_refused_and_the_first_trains_on(made):
     a = made()
     b = made(state_dir=a.state_path)

@@ -15,7 +15,8 @@
 #   19 a live process has files open for writing under checkpoint_dir (a trainer started by hand writes the same
 #      checkpoints; a reader, such as a backup, is no trainer and does not count)
 #   20 the state folder belongs to another target (STATE/target)
-#   21 a live process runs the launch command's program in repo_dir (a trainer started by hand, outside tmux)
+#   21 a live process runs the launch command's program in repo_dir (a trainer started by hand, outside tmux), or a
+#      Python working in repo_dir writes under checkpoint_dir or log_dir (one that renamed itself: setproctitle)
 # shellcheck source=lib.sh
 . ./lib.sh
 # shellcheck source=panes.sh
@@ -114,7 +115,9 @@ fi
 # marker: it runs the launch command's program with its working folder in the repo.
 mapfile -t programs < <(programs_of "$3" "$1")
 program=${programs[*]}
-mapfile -t running < <(pids_running_program_in "$1" "${programs[@]}" | others)
+# A trainer that renamed itself (setproctitle) names no program: a Python working in the repo that writes under
+# checkpoint_dir or log_dir is one all the same.
+mapfile -t running < <({ pids_running_program_in "$1" "${programs[@]}"; pids_python_writing_in "$1" "$venv" "$checkpoint_dir" "${log%/*}"; } | sort -un | others)
 if [ ${#running[@]} -gt 0 ]; then
   echo "live processes run $program in $1, as this target's trainer does: a trainer of this target started by hand (outside tmux, or under another name) runs; refusing to start a second one:"
   describe_pids "${running[@]}"

@@ -177,6 +177,32 @@ pids_running_program_in() {
   )
   return 0
 }
+# Every live process that works in REPO (its working folder in or under it), whose executable is a Python (a python*
+# binary, or one under VENV), and that holds a file open for writing under one of the FOLDERS given (the target's
+# log_dir, checkpoint_dir): a trainer started by hand that set its own process title (setproctitle, `exec -a NAME`:
+# neither its arguments nor its command name say train.py any more). Found by what it is and what it writes, never by
+# its name.
+pids_python_writing_in() {
+  local repo=${1%/} venv=${2%/} r p wd x d
+  shift 2
+  local -A writes=()
+  [ -n "$repo" ] || return 0
+  r=$(readlink -f -- "$repo" 2> /dev/null) || r=$repo
+  for d in "$@"; do
+    if [ -n "$d" ] && [ -d "$d" ]; then
+      while read -r p; do writes[$p]=1; done < <(pids_writing_files_under "$d")
+    fi
+  done
+  for p in "${!writes[@]}"; do
+    wd=$(readlink "/proc/$p/cwd" 2> /dev/null) || continue
+    [[ $wd == "$r" || $wd == "$r"/* || $wd == "$repo" || $wd == "$repo"/* ]] || continue
+    x=$(readlink "/proc/$p/exe" 2> /dev/null) || continue
+    if [[ ${x##*/} == python || ${x##*/} == python[0-9]* ]] || { [ -n "$venv" ] && [[ $x == "$venv"/* ]]; }; then
+      printf '%s\n' "$p"
+    fi
+  done
+  return 0
+}
 # "  PID N: COMMAND LINE" for each live PID given: what a refusal names, so that a person can tell what it is.
 describe_pids() { local p a; for p in "$@"; do a=''; { a=$(tr '\0' ' ' < "/proc/$p/cmdline"); } 2> /dev/null; [ -n "$a" ] && echo "  PID $p: ${a% }"; done; return 0; }
 # The oldest live process among the PIDs given (by start time, then PID): the first process of a backgrounded trainer.
