@@ -334,6 +334,25 @@ def test_a_renamed_python_trainer_writing_the_log_dir_from_repo_dir_is_found_and
         subprocess.run(["tmux", "kill-session", "-t", f"={t.tmux_session}"], capture_output=True)
 
 
+def test_another_targets_trainer_running_the_same_program_in_a_shared_repo_is_not_this_targets(made):
+    """Two targets, one repo, one program: the first's trainer (its marker says whose; it writes its own checkpoint_dir
+    and log_dir) is no stray of the second, and no reason never to launch it. Both train; the first is untouched."""
+    a = made()
+    b = made(repo_dir=a.repo_dir)
+    record, _ = launch.fn(a, 1)
+    start = start_time(record.pid)
+    try:
+        assert not [line for line in collect_snapshot(b).strays if line.startswith(f"{record.pid} ")], (
+            "the other target's trainer is a stray"
+        )
+        detail, _ = launch.fn(b, 1)
+        assert detail.pid != record.pid and collect_snapshot(b).pid_alive and collect_snapshot(a).pid_alive
+        assert start_time(record.pid) == start, "the first target's trainer was touched"
+    finally:
+        for t in (a, b):
+            subprocess.run(["tmux", "kill-session", "-t", f"={t.tmux_session}"], capture_output=True)
+
+
 def test_a_second_target_on_the_same_state_folder_is_refused_and_the_first_trains_on(made):
     a = made()
     b = made(state_dir=a.state_path)

@@ -116,8 +116,8 @@ fi
 mapfile -t programs < <(programs_of "$3" "$1")
 program=${programs[*]}
 # A trainer that renamed itself (setproctitle) names no program: a Python working in the repo that writes under
-# checkpoint_dir or log_dir is one all the same.
-mapfile -t running < <({ pids_running_program_in "$1" "${programs[@]}"; pids_python_writing_in "$1" "$venv" "$checkpoint_dir" "${log%/*}"; } | sort -un | others)
+# checkpoint_dir or log_dir is one all the same. Another target's trainer in a shared repo (its marker says whose, and it logs elsewhere) is not.
+mapfile -t running < <({ pids_running_program_in "$1" "${programs[@]}"; pids_python_writing_in "$1" "$venv" "$checkpoint_dir" "${log%/*}"; } | sort -un | others | drop_other_targets "$state" "${log%/*}")
 if [ ${#running[@]} -gt 0 ]; then
   echo "live processes run $program in $1, as this target's trainer does: a trainer of this target started by hand (outside tmux, or under another name) runs; refusing to start a second one:"
   describe_pids "${running[@]}"

@@ -203,6 +203,30 @@ pids_python_writing_in() {
   done
   return 0
 }
+# The PIDs read (one a line), less those of another target: a process carrying RELAUNCH_TARGET of another state folder
+# than STATE whose run (its RELAUNCH_RUN folder's log_path) logs into another folder than LOGDIR. Two targets may run
+# the same program from one repo; the other's trainer writes its own log_dir, and is no trainer of this one (nor a
+# reason never to launch it). One whose run logs into LOGDIR is kept: this target renamed (a new state folder).
+drop_other_targets() {
+  local state=$1 logdir=${2%/} p e tgt run lp
+  local -a env=()
+  logdir=$(readlink -f -- "$logdir" 2> /dev/null) || logdir=${2%/}
+  while read -r p; do
+    env=() tgt='' run='' lp=''
+    { mapfile -d '' env < "/proc/$p/environ"; } 2> /dev/null
+    for e in "${env[@]}"; do
+      case $e in RELAUNCH_TARGET=*) tgt=${e#RELAUNCH_TARGET=} ;; RELAUNCH_RUN=*) run=${e#RELAUNCH_RUN=} ;; esac
+    done
+    if [ -n "$tgt" ] && [ "$tgt" != "$state" ] && [ -n "$run" ] && [ -n "$logdir" ]; then
+      slurp lp "$run/log_path"
+      lp=${lp%/*}
+      lp=$(readlink -f -- "$lp" 2> /dev/null) || lp=''
+      [ -n "$lp" ] && [ "$lp" != "$logdir" ] && continue
+    fi
+    printf '%s\n' "$p"
+  done
+  return 0
+}
 # "  PID N: COMMAND LINE" for each live PID given: what a refusal names, so that a person can tell what it is.
 describe_pids() { local p a; for p in "$@"; do a=''; { a=$(tr '\0' ' ' < "/proc/$p/cmdline"); } 2> /dev/null; [ -n "$a" ] && echo "  PID $p: ${a% }"; done; return 0; }
 # The oldest live process among the PIDs given (by start time, then PID): the first process of a backgrounded trainer.

@@ -294,11 +294,11 @@ if ! alive "$pid" "$pstart"; then
   while read -r p; do [ -z "${own[$p]-}" ] && [ "$p" != "$$" ] && strays+=("$p marker"); done < <(target_marked_pids "$state" "$state")
   while read -r p; do
     [ -z "${own[$p]-}" ] && [ "$p" != "$$" ] && [[ " ${strays[*]} " != *" $p marker "* ]] && strays+=("$p program")
-  done < <(mapfile -t programs < <(programs_of "$command" "$repo"); pids_running_program_in "$repo" "${programs[@]}")
+  done < <(mapfile -t programs < <(programs_of "$command" "$repo"); pids_running_program_in "$repo" "${programs[@]}" | drop_other_targets "$state" "$logdir")
   # A trainer that set its own process title: a Python working in the repo that writes under log_dir or checkpoint_dir.
   while read -r p; do
     [ -z "${own[$p]-}" ] && [ "$p" != "$$" ] && [[ " ${strays[*]} " != *" $p "* ]] && strays+=("$p writer")
-  done < <([ -n "$repo" ] && pids_python_writing_in "$repo" "$venv" "$logdir" "$ckpt")
+  done < <([ -n "$repo" ] && pids_python_writing_in "$repo" "$venv" "$logdir" "$ckpt" | drop_other_targets "$state" "$logdir")
   if [ ${#strays[@]} -gt 0 ]; then
     echo "$M strays"
     for line in "${strays[@]:0:16}"; do cmdline_into c "${line%% *}"; echo "$line ${c:0:300}"; done
