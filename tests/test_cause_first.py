@@ -18,7 +18,7 @@ from relaunch.judging.findings import Diagnosis
 from relaunch.judging.gone import _refused_command
 from relaunch.records.report import HEADLINE_CAUSE_CHARS, Report
 from relaunch.testing.targets import shell_target, stop_all
-from relaunch.vocabulary import Action, Step, Verdict
+from relaunch.vocabulary import Action, Cause, Step, Verdict
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -92,3 +92,44 @@ def _diagnosis(report: Report, i: int) -> Diagnosis:
     assert a.verdict is Verdict.CRASHED
     refused = _refused_command(2, a.metrics, a.evidence)
     return Diagnosis(verdict=a.verdict, cause=a.cause, summary=a.summary, evidence=a.evidence, metrics=a.metrics, no_step_fixes=refused)
+
+
+def test_a_forced_recovery_runs_the_full_procedure_on_a_crashed_run_and_says_so(tmp_path):
+    target = shell_target(tmp_path, launch_command="python no_such_script.py")
+    try:
+        report_of(recover_training(target, return_state=True))
+        forced = report_of(recover_training(target, force=True, return_state=True))
+    finally:
+        stop_all(target)
+    first = forced.attempts[0]
+    # The run is crashed (a refused command would get a plain relaunch): forced, it gets the whole procedure.
+    assert (first.verdict, first.action) == (Verdict.CRASHED, Action.FULL_RECOVERY), forced.timeline()
+    assert (
+        first.why == "forced: run the full procedure whatever the check found; the check found crashed/error, for which it would relaunch"
+    )
+    assert steps(forced) == [FULL, []], forced.timeline()
+
+
+def test_a_trainer_that_exits_2_after_stepping_is_not_taken_for_a_refused_command(tmp_path):
+    report = recovered(tmp_path, "EXIT_AT=3 EXIT_CODE=2 STEP_SECONDS=0.05 bash stepper.sh")
+    second = report.attempts[1]
+    # It ran: its command line was accepted, so its exit 2 is its own business, and the full procedure runs.
+    assert (second.verdict, second.summary, second.action) == (Verdict.CRASHED, "exited 2 without a traceback", Action.FULL_RECOVERY)
+    assert second.evidence[0].startswith("step=3 loss="), second.evidence
+
+
+def test_a_pth_line_python_reported_and_skipped_is_not_the_cause_the_error_that_ended_the_process_is(tmp_path):
+    script = "import site\nsite.addsitedir('pth')\nprint(undefined_name)\n"
+    target = shell_target(tmp_path, launch_command="python train.py")
+    (Path(target.repo_dir) / "pth").mkdir()
+    (Path(target.repo_dir) / "pth" / "leftover.pth").write_text("import p5k_no_such_module_xyz\n")
+    (Path(target.repo_dir) / "train.py").write_text(script)
+    try:
+        report = report_of(recover_training(target, return_state=True))
+    finally:
+        stop_all(target)
+    second = report.attempts[1]
+    # Python printed the .pth's ModuleNotFoundError and went on; the NameError ended it: no package is installed.
+    assert (second.cause, second.package) == (Cause.ERROR, None), report.timeline()
+    assert second.evidence[0] == "NameError: name 'undefined_name' is not defined", second.evidence
+    assert second.action is not Action.INSTALL_AND_RELAUNCH

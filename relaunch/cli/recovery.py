@@ -155,7 +155,10 @@ def _missing_repo(target: Any, report: Any) -> str | None:
 @app.command()
 def recover(
     target_file: Path = typer.Argument(..., help="Target YAML."),
-    force: bool = typer.Option(False, help="Run the full procedure even on a healthy run (asks first on a terminal)."),
+    force: bool = typer.Option(
+        False,
+        help="Run the full procedure (venv, code, cache, launch) whatever the check finds, even on a healthy run (asks first on a terminal).",
+    ),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the host commands of the full procedure; run nothing."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before --force stops a healthy run."),

@@ -156,8 +156,13 @@ def choose_action(
         return redo_unfinished(
             Action.RELAUNCH, "stopped on purpose, and a recovery was asked for: relaunch from the newest checkpoint", unfinished or []
         )
-    if force and action is Action.NONE and diagnosis.verdict is not Verdict.STARTING:
-        return Action.FULL_RECOVERY, "forced: run the full procedure even though the run looks fine"
+    if force and not earlier and diagnosis.verdict not in (Verdict.STARTING, Verdict.UNMANAGED):
+        # A person's word (`recover --force`): the whole procedure (venv to the lock, code to known_good_ref, a fresh
+        # cache), whatever the check found, since a fix the cause's own action would never try may be what is needed.
+        # Never over a program relaunch did not start (unmanaged), nor a run still starting.
+        unforced = choose_action(diagnosis, earlier, attempts_left, unfinished=unfinished)[0]
+        instead = f"; the check found {_label(diagnosis)}, for which it would {unforced.value}" if unforced is not Action.NONE else ""
+        return Action.FULL_RECOVERY, f"forced: run the full procedure whatever the check found{instead}"
     if action is Action.NONE:
         return action, why
     if diagnosis.no_step_fixes:

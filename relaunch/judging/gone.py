@@ -438,12 +438,24 @@ def _own_rank_failure(lines: list[str], first: Failure | None) -> Failure | None
     return cause, package, [note, *decisive]
 
 
+# site.py, for a .pth line that raised: this line, the indented traceback, then `Remainder of file ignored`.
+PTH_ERROR = re.compile(r"^Error processing line \d+ of .*\.pth:$")
+
+
 def _first_failure(lines: list[str]) -> Failure | None:
     """The first failure in time, line by line (SIGNATURES, then a traceback's closing exception line)."""
     fallback: Failure | None = None
-    unraisable = False
+    unraisable = skipped_pth = False
     for index, line in enumerate(lines):
         stripped = line.rstrip()
+        if PTH_ERROR.match(stripped):
+            # site.py's report of a .pth line it could not run, then skipped: the interpreter went on, never its death.
+            skipped_pth = True
+            continue
+        if skipped_pth:
+            skipped_pth = stripped != "Remainder of file ignored" and (not stripped or stripped[0].isspace())
+            if skipped_pth or stripped == "Remainder of file ignored":
+                continue
         if stripped.startswith("Exception ignored in"):
             # Python's report of an exception it could not raise (a __del__'s, gpu/cache_fxgraph_half.log): never fatal.
             unraisable = True
