@@ -8,8 +8,8 @@ import typing
 
 import pytest
 
-from relaunch.flows.recover import OWN_CALLERS, RUNNERS, NoRunner, run_steps
 from relaunch.deciding.playbook import PLAYBOOK, steps_for
+from relaunch.flows.recover import OWN_CALLERS, RUNNERS, NoRunner, run_steps
 from relaunch.judging.findings import Diagnosis
 from relaunch.judging.snapshot import HealthSnapshot
 from relaunch.plans import PLANS
