@@ -77,7 +77,8 @@ def test_an_escalation_ends_failed_named_escalated_with_an_error_line_that_says_
     finally:
         stop_all(target)
     run = flow_run_of(state)
-    assert run.name == "recover-hopeless: unknown -> escalated", run.name
+    # The name ends with the cause's own line (issue 45: the cause first, everywhere a person looks).
+    assert run.name.startswith("recover-hopeless: unknown -> escalated: json.decoder.JSONDecodeError: Expecting property name"), run.name
     assert run.state.is_failed() and run.state.name == "Escalated", (run.state.type, run.state.name)
     assert "what to do:" in run.state.message, run.state.message
     (line,) = errors_of(run.id, "what to do")
