@@ -268,7 +268,31 @@ def test_a_rank_hung_on_node_1_is_stalled_with_both_nodes_stacks_kept_then_the_g
     assert first.verdict is Verdict.HEALTHY, told(first)
     wait_for(once.exists, 90, "the rank on node 1 to hang")
     ranks = [gang.rank_pid(k) for k in range(2)]
-    wait_for(lambda: check_health.fn(hung).diagnosis.verdict is Verdict.STALLED, 60, "the hung gang to look stalled", interval=0.5)
+    seen: list = []
+    try:
+        wait_for(
+            lambda: seen.append(check_health.fn(hung)) or seen[-1].diagnosis.verdict is Verdict.STALLED,
+            60,
+            "the hung gang to look stalled",
+            interval=0.5,
+        )
+    except AssertionError as exc:
+        last = seen[-1] if seen else None
+        said = (
+            [(n.node, n.diagnosis.verdict.value, n.diagnosis.summary, n.diagnosis.evidence[:3]) for n in last.nodes if n.diagnosis]
+            if last
+            else []
+        )
+        from relaunch.judging.progress import read_progress
+
+        snaps = last.node_snapshots if last else {}
+        record = {k: read_progress(v.progress, 20.0, 0.5).evidence for k, v in snaps.items() if v.progress}
+        tree = {
+            k: [(p.pid, p.comm, p.state, p.cpu_ticks, p.io_bytes) for p in v.progress[-1].processes] for k, v in snaps.items() if v.progress
+        }
+        raise AssertionError(
+            f"{exc}: last {last.diagnosis.summary if last else None}; nodes {said}; record {record}; tree {tree}"
+        ) from None
 
     report = recover(hung)
     attempt = report.attempts[0]

@@ -31,8 +31,10 @@ from enum import Enum
 from relaunch.judging.activity import IDLE_CORES, TICKS_PER_SECOND
 from relaunch.judging.snapshot import ProgressSample
 
-# I/O below this rate, averaged between two samples, is no work: a heartbeat's write, a monitor reading /proc.
-IO_IDLE_BYTES_PER_SECOND = 4096.0
+# I/O below this rate, averaged between two samples, is no work: a heartbeat's write, a monitor reading /proc. torchrun's
+# agent beside a rank hung in a collective read and wrote about 7 KiB/s (tests/test_gang.py, two hosts); a DataLoader or
+# a child refilling data moves megabytes.
+IO_IDLE_BYTES_PER_SECOND = 32768.0
 # A GPU at or above this utilisation in a sample is busy (nvidia-smi's share of time a kernel ran).
 GPU_BUSY_PERCENT = 50
 # The recorder's newest sample older than this many sample intervals (and STALE_FLOOR_SECONDS) means it stopped.
