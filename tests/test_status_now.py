@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -26,31 +23,10 @@ from relaunch.cli.status import NowState, clip, now_of
 from relaunch.judging.watching import Pulse
 from relaunch.plans.status import launched_at
 from relaunch.tasks.launch import launch
-from relaunch.testing.faults import making, write_target
+from relaunch.testing.faults import write_target
 from relaunch.testing.sshd import free_port
 from relaunch.testing.targets import current, wait_for_exit
-
-RELAUNCH = str(Path(sys.executable).parent / "relaunch")
-
-
-def typed(args: list[str], home: Path, api_url: str | None = None) -> subprocess.CompletedProcess:
-    """The CLI from `env -i HOME=... PATH=/usr/bin:/bin` (no venv on PATH, no agent), with API_URL as PREFECT_API_URL."""
-    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PREFECT_HOME": str(home / ".prefect"), "RELAUNCH_AGENT": "off"}
-    if api_url:
-        env["PREFECT_API_URL"] = api_url
-    return subprocess.run([RELAUNCH, *args], env=env, capture_output=True, text=True, timeout=180, cwd=home)
-
-
-@pytest.fixture
-def made(tmp_path: Path) -> Iterator:
-    with making(tmp_path) as make:
-        yield make
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    (tmp_path / "home").mkdir()
-    return tmp_path / "home"
+from tests.typed_cli import home, made, typed  # noqa: F401 - fixtures shared with the other CLI-as-typed tests
 
 
 def sigkill_trainer(target) -> Path:
