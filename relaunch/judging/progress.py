@@ -256,8 +256,10 @@ def blocked(record: Record) -> Reading | None:
     latest = record.samples[-1]
     window = record.in_window()
     tree = {p.pid for p in latest.processes}
-    recorded = [s for s in window if s.lock_waits or s.processes][:-1] or window
-    waits = {(w.waiter_pid, w.holder_pid, w.holder_comm) for s in recorded[-1:] for w in s.lock_waits if w.holder_pid not in tree}
+    # The newest sample of the window that read the lock table (it is read only when a wchan shows a lock wait: a sample
+    # taken as the waiter was scheduled for a moment has none; a loaded host made that the last one).
+    seen = [s for s in window if s.lock_waits]
+    waits = {(w.waiter_pid, w.holder_pid, w.holder_comm) for s in seen[-1:] for w in s.lock_waits if w.holder_pid not in tree}
     if waits:
         lines = tuple(f"PID {w} waits on a file lock held by PID {h} ({c or '?'}), alive and not of its tree" for w, h, c in sorted(waits))
         return Reading(
